@@ -1,0 +1,36 @@
+"""Encrypted, embedded conversation memory for the OpenAI Agents SDK, stored in Citadel."""
+
+from .embedders import Embedder, EmbedderIdentity, LegacyEmbedderAdapter
+from .errors import (
+    CitadelSessionError,
+    CorruptDatabaseError,
+    DatabaseLockedError,
+    DatabaseNotFoundError,
+    EmbedderMismatchError,
+    EmptyPassphraseError,
+    InvalidItemError,
+    SessionClosedError,
+    WrongPassphraseError,
+)
+from .layout import Erasure
+from .session import CitadelSession
+from .store import CitadelSessionStore
+
+__all__ = [
+    "CitadelSession",
+    "CitadelSessionStore",
+    "CitadelSessionError",
+    "CorruptDatabaseError",
+    "DatabaseLockedError",
+    "DatabaseNotFoundError",
+    "Embedder",
+    "EmbedderIdentity",
+    "EmbedderMismatchError",
+    "EmptyPassphraseError",
+    "Erasure",
+    "InvalidItemError",
+    "LegacyEmbedderAdapter",
+    "SessionClosedError",
+    "WrongPassphraseError",
+]
+__version__ = "0.1.0"

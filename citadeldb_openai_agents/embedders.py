@@ -1,0 +1,126 @@
+"""The embedder protocol Citadel expects, checked up front, with an adapter for the older one.
+
+Citadel calls ``embed_with_cancel(texts, cancel_token)`` (and, for asymmetric
+models, ``embed_queries_with_cancel``) and reads ``dim``, ``metric`` and
+``model_id``. Embedders written against the older protocol have only
+``embed`` / ``embed_queries``; they are wrapped rather than refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import citadeldb
+
+DEFAULT_MOCK_DIM = 128
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """What Citadel needs from an embedder (the protocol of `citadeldb.MockEmbedder`)."""
+
+    @property
+    def dim(self) -> int: ...
+
+    @property
+    def metric(self) -> str: ...
+
+    @property
+    def model_id(self) -> str: ...
+
+    def embed_with_cancel(self, texts: list[str], cancel_token: Any = None) -> list[list[float]]: ...
+
+
+@dataclass(frozen=True)
+class EmbedderIdentity:
+    """What binds stored vectors to a model: vectors of two identities do not mix."""
+
+    model_id: str
+    dim: int
+    metric: str
+
+    @classmethod
+    def of(cls, embedder: Embedder) -> EmbedderIdentity:
+        return cls(str(embedder.model_id), int(embedder.dim), str(embedder.metric))
+
+
+class LegacyEmbedderAdapter:
+    """Presents an ``embed`` / ``embed_queries`` embedder through the cancellable protocol."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        if callable(getattr(inner, "embed_queries", None)):
+            self.embed_queries_with_cancel = self._embed_queries_with_cancel
+
+    @property
+    def dim(self) -> int:
+        return int(self._inner.dim)
+
+    @property
+    def metric(self) -> str:
+        return str(self._inner.metric)
+
+    @property
+    def model_id(self) -> str:
+        return str(self._inner.model_id)
+
+    def embed_with_cancel(self, texts: list[str], cancel_token: Any = None) -> list[list[float]]:
+        _check_cancelled(cancel_token)
+        return self._inner.embed(texts)
+
+    def _embed_queries_with_cancel(
+        self, texts: list[str], cancel_token: Any = None
+    ) -> list[list[float]]:
+        _check_cancelled(cancel_token)
+        return self._inner.embed_queries(texts)
+
+    def __repr__(self) -> str:
+        return f"LegacyEmbedderAdapter({self._inner!r})"
+
+
+def _check_cancelled(cancel_token: Any) -> None:
+    if cancel_token is not None:
+        cancel_token.check()
+
+
+def default_embedder() -> Embedder:
+    """The embedder used when none is given: Citadel's hashed bag-of-words, no download."""
+    return citadeldb.MockEmbedder(dim=DEFAULT_MOCK_DIM)
+
+
+def resolve_embedder(embedder: Any | None) -> Embedder:
+    """Return an embedder Citadel accepts, adapting the older protocol.
+
+    Raises `TypeError` naming every missing or malformed member.
+    """
+    if embedder is None:
+        return default_embedder()
+    missing = [name for name in ("dim", "metric", "model_id") if not hasattr(embedder, name)]
+    has_cancellable = callable(getattr(embedder, "embed_with_cancel", None))
+    has_legacy = callable(getattr(embedder, "embed", None))
+    if not has_cancellable and not has_legacy:
+        missing.append("embed_with_cancel(texts, cancel_token) (or the older embed(texts))")
+    if missing:
+        raise TypeError(
+            f"{type(embedder).__name__} is not an embedder: it lacks {', '.join(missing)}. "
+            "An embedder needs dim, metric, model_id and embed_with_cancel(texts, cancel_token); "
+            "see citadeldb.MockEmbedder for the protocol."
+        )
+    _check_identity_types(embedder)
+    if has_cancellable:
+        return embedder
+    return LegacyEmbedderAdapter(embedder)
+
+
+def _check_identity_types(embedder: Any) -> None:
+    problems = []
+    dim = embedder.dim
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
+        problems.append(f"dim must be a positive int (got {dim!r})")
+    for name in ("metric", "model_id"):
+        value = getattr(embedder, name)
+        if not isinstance(value, str) or not value:
+            problems.append(f"{name} must be a non-empty str (got {value!r})")
+    if problems:
+        raise TypeError(f"{type(embedder).__name__} is not a valid embedder: {'; '.join(problems)}.")

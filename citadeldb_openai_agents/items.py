@@ -1,0 +1,70 @@
+"""How a session item becomes a Citadel atom, and back.
+
+Items are stored verbatim: the payload is the item's JSON text, not a JSON
+object, because Citadel returns object keys sorted and the SDK (and our users)
+expect an item back exactly as it went in, key order included. Only a
+plain-text projection of the item's content is derived, for search.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .errors import InvalidItemError
+
+ITEM_KIND = "item"
+
+
+def encode_item(item: Any, position: int) -> str:
+    """Return the item's JSON text, or raise `InvalidItemError` naming its position."""
+    try:
+        text = json.dumps(item, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidItemError(
+            f"item {position} of the batch is not JSON-serialisable ({exc}); "
+            "session items must be JSON values (dicts, lists, str, int, finite float, "
+            "bool, None). Convert it first, e.g. with item.model_dump(mode='json'). "
+            "Nothing of this batch was written."
+        ) from None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        # A lone surrogate cannot be stored as UTF-8; the \\u escape round-trips it.
+        text = json.dumps(item, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+    return text
+
+
+def decode_item(payload: str) -> Any:
+    """Return the item stored as `payload` (the text `encode_item` produced)."""
+    return json.loads(payload)
+
+
+def search_text(item: Any) -> str:
+    """The plain text of an item that search indexes: its content, or a tool's output."""
+    if not isinstance(item, dict):
+        return ""
+    content = item.get("content")
+    if content is None and item.get("type") == "function_call_output":
+        content = item.get("output")
+    return _plain_text(content)
+
+
+def _plain_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = (_part_text(part) for part in content)
+        return "\n".join(text for text in parts if text)
+    return ""
+
+
+def _part_text(part: Any) -> str:
+    if isinstance(part, str):
+        return part
+    if isinstance(part, dict):
+        for field in ("text", "refusal"):
+            value = part.get(field)
+            if isinstance(value, str):
+                return value
+    return ""

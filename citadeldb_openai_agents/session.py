@@ -1,0 +1,170 @@
+"""CitadelSession: the Agents SDK `Session` protocol over a `CitadelSessionStore`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from agents.memory import SessionSettings
+from agents.memory.session_settings import resolve_session_limit
+
+from .errors import SessionClosedError
+from .store import CitadelSessionStore
+
+if TYPE_CHECKING:
+    from agents.items import TResponseInputItem
+
+T = TypeVar("T")
+
+
+class CitadelSession:
+    """An Agents SDK session whose history lives encrypted in a Citadel file.
+
+    Either give a file and passphrase (the session opens, or joins, the process's
+    store on that file and closes its share on `close`)::
+
+        session = CitadelSession("user-123", "agent.cdl", key=passphrase)
+
+    or mint it from a store: ``store.session("user-123")``.
+
+    The four protocol methods behave as `agents.SQLiteSession`'s do. Session ids
+    are arbitrary strings, case-sensitive ("Bob" and "bob" are two sessions).
+    """
+
+    session_settings: SessionSettings | None
+
+    def __init__(
+        self,
+        session_id: str,
+        db_path: str | os.PathLike[str] | None = None,
+        key: str | None = None,
+        *,
+        store: CitadelSessionStore | None = None,
+        session_settings: SessionSettings | None = None,
+        embedder: Any | None = None,
+        ttl: float | None = None,
+    ) -> None:
+        if not isinstance(session_id, str):
+            raise TypeError(f"session_id must be a str, not {type(session_id).__name__}")
+        if store is not None:
+            given = [
+                name
+                for name, value in (("db_path", db_path), ("key", key), ("embedder", embedder), ("ttl", ttl))
+                if value is not None
+            ]
+            if given:
+                raise TypeError(
+                    f"CitadelSession(store=...) takes its file and settings from the store; "
+                    f"do not also pass {', '.join(given)}."
+                )
+            self._owns_store = False
+        else:
+            if db_path is None:
+                raise TypeError("CitadelSession needs either db_path and key, or store=")
+            store = CitadelSessionStore(db_path, key, embedder=embedder, ttl=ttl)  # type: ignore[arg-type]
+            self._owns_store = True
+        self.session_id = session_id
+        self.session_settings = session_settings if session_settings is not None else SessionSettings()
+        self._store = store
+        self._closed = False
+
+    @property
+    def store(self) -> CitadelSessionStore:
+        """The store this session's items live in."""
+        return self._store
+
+    async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
+        """Return the history, oldest first.
+
+        Args:
+            limit: The number of newest items to return (still oldest first). None
+                falls back to ``session_settings.limit``, and to every item when that
+                is None too; 0 returns ``[]``.
+        """
+        self._check_open()
+        resolved = resolve_session_limit(limit, self.session_settings)
+        if resolved == 0:
+            return []
+        return await asyncio.to_thread(self._store._get_items, self.session_id, resolved)
+
+    async def add_items(self, items: list[TResponseInputItem]) -> None:
+        """Append items, atomically: all of the batch is stored or none of it.
+
+        Raises:
+            InvalidItemError: an item is not JSON (it names the item's position).
+        """
+        self._check_open()
+        if not items:
+            return
+        batch = list(items)
+        await _complete_despite_cancellation(
+            asyncio.to_thread(self._store._add_items, self.session_id, batch)
+        )
+
+    async def pop_item(self) -> TResponseInputItem | None:
+        """Remove the newest item, erasing its key, and return it (None when empty)."""
+        self._check_open()
+        return await _complete_despite_cancellation(
+            asyncio.to_thread(self._store._pop_item, self.session_id)
+        )
+
+    async def clear_session(self) -> None:
+        """Remove every item of this session, erasing their keys."""
+        self._check_open()
+        await _complete_despite_cancellation(
+            asyncio.to_thread(self._store._clear_session, self.session_id)
+        )
+
+    async def search(self, query: str, *, limit: int = 5) -> list[TResponseInputItem]:
+        """This session's items most relevant to `query`, best first.
+
+        Ranked by Citadel's hybrid recall (vector distance, keyword rank, recency)
+        with the store's embedder. Never returns another session's items or
+        expired ones.
+        """
+        self._check_open()
+        if not isinstance(query, str):
+            raise TypeError(f"query must be a str, not {type(query).__name__}")
+        if limit <= 0:
+            return []
+        return await asyncio.to_thread(self._store._search, self.session_id, query, limit)
+
+    def close(self) -> None:
+        """Close this session (and its store when the session opened it). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_store:
+            self._store.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SessionClosedError(
+                "this CitadelSession is closed; create a new one to continue."
+            )
+        self._store._check_open()
+
+    def __repr__(self) -> str:
+        return f"<CitadelSession {self.session_id!r} in {self._store.path!r}>"
+
+
+async def _complete_despite_cancellation(awaitable: Awaitable[T]) -> T:
+    """Finish a mutation even if the awaiting task is cancelled, then re-raise the cancel.
+
+    A write that was already handed to Citadel must not be reported lost while it
+    completes behind the caller's back; the SDK's own sessions behave the same way.
+    """
+    task = asyncio.ensure_future(awaitable)
+    cancelled: asyncio.CancelledError | None = None
+    while not task.done():
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError as exc:
+            cancelled = cancelled or exc
+    result = task.result() if cancelled is None else None
+    if cancelled is not None:
+        task.exception()  # retrieve it, so an error is not reported as "never retrieved"
+        raise cancelled
+    return result  # type: ignore[return-value]

@@ -1,0 +1,238 @@
+"""CitadelSessionStore: one encrypted Citadel file holding many sessions."""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+import citadeldb
+from agents.memory import SessionSettings
+
+from . import database as _database
+from .embedders import EmbedderIdentity, resolve_embedder
+from .errors import EmbedderMismatchError, SessionClosedError
+from .items import decode_item, encode_item, search_text
+from .layout import Erasure, SessionLayout, SessionState
+
+if TYPE_CHECKING:
+    from .session import CitadelSession
+
+T = TypeVar("T")
+Argon2Profile = Literal["iot", "desktop", "server"]
+SyncMode = Literal["full", "normal", "off"]
+
+
+class CitadelSessionStore:
+    """An encrypted Citadel file shared by every session in it.
+
+    Args:
+        path: The database file (created when missing; its directory must exist).
+        key: The passphrase. Used to open the file and then forgotten.
+        embedder: Embeds item text for `CitadelSession.search`; default
+            ``citadeldb.MockEmbedder(dim=128)`` (no download). Any object with
+            ``dim``, ``metric``, ``model_id`` and ``embed_with_cancel`` works; one
+            with only ``embed`` / ``embed_queries`` is adapted.
+        ttl: Seconds an item lives after it is written; None keeps items forever.
+            Expired items are invisible at once and erased (keys destroyed) when
+            their session is next written or by `purge_expired`.
+        session_settings: Default `SessionSettings` for sessions minted here.
+        argon2_profile: Citadel's key-derivation cost for a *new* file ("iot",
+            "desktop", "server"); an existing file keeps the profile it was made with.
+        sync_mode: Citadel's durability for a new file: "full" (default, each write
+            fsynced), "normal", or "off" (fast, loses recent writes on power loss).
+
+    Stores (and `CitadelSession` objects) on the same file in one process share
+    one open database; a different passphrase for an open file is refused.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        key: str,
+        *,
+        embedder: Any | None = None,
+        ttl: float | None = None,
+        session_settings: SessionSettings | None = None,
+        argon2_profile: Argon2Profile | None = None,
+        sync_mode: SyncMode | None = None,
+    ) -> None:
+        _database.check_passphrase(key)
+        self._ttl = _check_ttl(ttl)
+        self.session_settings = session_settings
+        resolved_embedder = resolve_embedder(embedder)
+        options = _database_options(argon2_profile, sync_mode)
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._database = _database.acquire(path, key, options)
+        del key
+        try:
+            self._layout = _shared_layout(self._database, resolved_embedder)
+        except BaseException:
+            self._database.release()
+            raise
+
+    @property
+    def path(self) -> str:
+        """The resolved path of the database file."""
+        return self._database.path
+
+    @property
+    def ttl(self) -> float | None:
+        """Seconds an item lives after it is written, or None."""
+        return self._ttl
+
+    @property
+    def embedder_identity(self) -> EmbedderIdentity:
+        """The model id, dimension and metric the file's vectors are bound to."""
+        return self._layout.identity
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def session(
+        self, session_id: str, *, session_settings: SessionSettings | None = None
+    ) -> CitadelSession:
+        """A session of this store (created on its first write; nothing is written now)."""
+        from .session import CitadelSession
+
+        self._check_open()
+        settings = session_settings if session_settings is not None else self.session_settings
+        return CitadelSession(session_id, store=self, session_settings=settings)
+
+    def session_ids(self) -> list[str]:
+        """The ids of the sessions holding at least one live item, sorted."""
+        self._check_open()
+        ids = []
+        for state in self._layout.states():
+            if self._on_session(state, SessionLayout.has_live_item):
+                ids.append(state.session_id)
+        return sorted(ids)
+
+    def purge_expired(self) -> int:
+        """Erase every expired item now (keys destroyed); return how many were erased."""
+        self._check_open()
+        return sum(
+            self._on_session(state, SessionLayout.purge_expired) for state in self._layout.states()
+        )
+
+    def erase_session(self, session_id: str) -> Erasure:
+        """Erase a session's items (keys destroyed) and return Citadel's evidence.
+
+        The same erasure as `CitadelSession.clear_session`, plus a readback: each
+        erased item is verified ``missing`` by Citadel. Counts only live items;
+        expired ones still stored are erased too.
+        """
+        self._check_open()
+        return self._on_session(self._state(session_id), SessionLayout.erase)
+
+    def close(self) -> None:
+        """Close the store; the file closes when the last store on it does. Idempotent."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._database.release()
+
+    def __enter__(self) -> CitadelSessionStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<CitadelSessionStore {self.path!r} ttl={self._ttl} {state}>"
+
+    # -- what sessions call (blocking; sessions run these in worker threads) -------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SessionClosedError(
+                f"this CitadelSessionStore ({self.path}) is closed; open a new one to continue."
+            )
+
+    def _on_session(
+        self, state: SessionState, operation: Callable[..., T], *args: Any
+    ) -> T:
+        self._check_open()
+        with self._database.operation() as memory, state.lock:
+            return operation(self._layout, memory, state, *args)
+
+    def _state(self, session_id: str) -> SessionState:
+        return self._layout.state(session_id)
+
+    def _add_items(self, session_id: str, items: list[Any]) -> None:
+        payloads = [encode_item(item, position) for position, item in enumerate(items)]
+        texts = [search_text(item) for item in items]
+        expires_at = None
+        if self._ttl is not None:
+            expires_at = int((time.time() + self._ttl) * 1_000_000)
+        self._on_session(self._state(session_id), SessionLayout.append, payloads, texts, expires_at)
+
+    def _get_items(self, session_id: str, limit: int | None) -> list[Any]:
+        state = self._state(session_id)
+        if limit is None or limit < 0:
+            payloads = self._on_session(state, SessionLayout.all_items)
+        else:
+            payloads = self._on_session(state, SessionLayout.newest, limit)
+        return [decode_item(payload) for payload in payloads]
+
+    def _pop_item(self, session_id: str) -> Any | None:
+        payload = self._on_session(self._state(session_id), SessionLayout.pop)
+        return None if payload is None else decode_item(payload)
+
+    def _clear_session(self, session_id: str) -> None:
+        self._on_session(self._state(session_id), SessionLayout.clear)
+
+    def _search(self, session_id: str, query: str, limit: int) -> list[Any]:
+        payloads = self._on_session(self._state(session_id), SessionLayout.search, query, limit)
+        return [decode_item(payload) for payload in payloads]
+
+
+def _shared_layout(database: _database.OpenDatabase, embedder: Any) -> SessionLayout:
+    with database.setup_lock:
+        layout = database.layout
+        if layout is None:
+            with database.operation() as memory:
+                layout = SessionLayout(memory, embedder)
+            database.layout = layout
+        elif layout.identity != EmbedderIdentity.of(embedder):
+            raise EmbedderMismatchError(
+                f"{database.path} is already open in this process with embedder "
+                f"{layout.identity.model_id!r} (dim {layout.identity.dim}); this store asked for "
+                f"{EmbedderIdentity.of(embedder).model_id!r}. Use one embedder per file."
+            )
+        return layout
+
+
+def _check_ttl(ttl: float | None) -> float | None:
+    if ttl is None:
+        return None
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not math.isfinite(ttl) or ttl <= 0:
+        raise ValueError(
+            f"ttl must be a positive number of seconds or None (keep forever), not {ttl!r}"
+        )
+    return float(ttl)
+
+
+def _database_options(
+    argon2_profile: Argon2Profile | None, sync_mode: SyncMode | None
+) -> citadeldb.DatabaseOptions | None:
+    if argon2_profile is None and sync_mode is None:
+        return None
+    if argon2_profile not in (None, "iot", "desktop", "server"):
+        raise ValueError(f"argon2_profile must be 'iot', 'desktop' or 'server', not {argon2_profile!r}")
+    if sync_mode not in (None, "full", "normal", "off"):
+        raise ValueError(f"sync_mode must be 'full', 'normal' or 'off', not {sync_mode!r}")
+    return citadeldb.DatabaseOptions(argon2_profile=argon2_profile, sync_mode=sync_mode)
