@@ -21,8 +21,11 @@ def encode_item(item: Any, position: int) -> str:
     try:
         text = json.dumps(item, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
+        detail = str(exc)
+        if isinstance(exc, ValueError) and "float" in detail:
+            detail = "it contains NaN or infinity, which JSON cannot represent"
         raise InvalidItemError(
-            f"item {position} of the batch is not JSON-serialisable ({exc}); "
+            f"item {position} of the batch is not JSON-serialisable ({detail}); "
             "session items must be JSON values (dicts, lists, str, int, finite float, "
             "bool, None). Convert it first, e.g. with item.model_dump(mode='json'). "
             "Nothing of this batch was written."
@@ -47,7 +50,8 @@ def search_text(item: Any) -> str:
     content = item.get("content")
     if content is None and item.get("type") == "function_call_output":
         content = item.get("output")
-    return _plain_text(content)
+    # The index needs valid UTF-8; the verbatim payload keeps any lone surrogate.
+    return _plain_text(content).encode("utf-8", "replace").decode("utf-8")
 
 
 def _plain_text(content: Any) -> str:

@@ -1,0 +1,61 @@
+"""Shared fixtures: a scratch directory per test and stores on it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from citadeldb_openai_agents import CitadelSessionStore
+
+KEY = "correct horse battery staple"
+
+
+@pytest.fixture
+def key() -> str:
+    return KEY
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "agent.cdl"
+
+
+@pytest.fixture
+def make_store(db_path: Path) -> Iterator[Callable[..., CitadelSessionStore]]:
+    """Open stores on the test's file (the fast "iot" KDF); all are closed afterwards."""
+    opened: list[CitadelSessionStore] = []
+
+    def make(path: Path | None = None, **kwargs: Any) -> CitadelSessionStore:
+        kwargs.setdefault("argon2_profile", "iot")
+        store = CitadelSessionStore(path or db_path, kwargs.pop("key", KEY), **kwargs)
+        opened.append(store)
+        return store
+
+    yield make
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
+def store(make_store: Callable[..., CitadelSessionStore]) -> CitadelSessionStore:
+    return make_store()
+
+
+def run_python(code: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run a snippet in a fresh interpreter (another process owns nothing of ours)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CITADEL_")}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=False,
+    )
