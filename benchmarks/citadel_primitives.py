@@ -1,0 +1,69 @@
+"""What the storage layout is built on: raw citadeldb costs against a region's size.
+
+    python benchmarks/citadel_primitives.py
+
+For regions of 256, 1,000 and 10,000 atoms (one file, the default sync mode), the
+median cost of each memory call a session makes. The layout (citadeldb_openai_agents/
+layout.py) keeps every region a session touches at most ~256 atoms because the calls
+marked "scans" grow with the region. Timing only; nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import citadeldb
+
+
+def median_ms(call: Callable[[], Any], reps: int = 15) -> float:
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1000
+
+
+def main() -> None:
+    sizes = (256, 1_000, 10_000)
+    rows: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as directory:
+        db = citadeldb.connect(f"{directory}/p.cdl", key="benchmark", region_keys=True)
+        memory, embedder = db.memory(), citadeldb.MockEmbedder(dim=128)
+        payload = json.dumps({"role": "user", "content": "y" * 200})
+        for size in sizes:
+            region = f"r{size}"
+            memory.create_encrypted_region(region, embedder)
+            ids: list[int] = []
+            for _ in range(0, size, 100):
+                ids += memory.remember_batch(region, [{"kind": "item", "text": "hello there", "payload": payload}] * 100)
+            ids = ids[:size]
+            victims = iter(ids[-200:-100])
+            measured = {
+                "remember_batch, 3 atoms": lambda: memory.remember_batch(region, [{"kind": "item", "text": "hi", "payload": payload}] * 3),
+                "fetch(newest=True, limit=20) (scans)": lambda: memory.fetch(region, "item", limit=20, newest=True),
+                "fetch(after_id=known, limit=20) (seeks)": lambda: memory.fetch(region, "item", limit=20, after_id=ids[-30]),
+                "fetch_one(id) (seeks)": lambda: memory.fetch_one(region, ids[-1]),
+                "count (scans)": lambda: memory.count(region, "item"),
+                "forget 1 id (scans)": lambda: memory.forget(region, [next(victims)]),
+                "evict(expired), none expired": lambda: memory.evict(region, citadeldb.EvictionPolicy.expired()),
+            }
+            for name, call in measured.items():
+                rows.setdefault(name, []).append(median_ms(call))
+            start = time.perf_counter()
+            memory.drop_region(region)
+            rows.setdefault("drop_region (once)", []).append((time.perf_counter() - start) * 1000)
+        db.close()
+    print("| call, median ms | " + " | ".join(f"{s:,} atoms" for s in sizes) + " |")
+    print("|---|" + "---:|" * len(sizes))
+    for name, values in rows.items():
+        print(f"| {name} | " + " | ".join(f"{v:.2f}" for v in values) + " |")
+
+
+if __name__ == "__main__":
+    main()
