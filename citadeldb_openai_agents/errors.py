@@ -43,3 +43,11 @@ class InvalidItemError(CitadelSessionError, TypeError, ValueError):
 
 class SessionClosedError(CitadelSessionError, RuntimeError):
     """An operation was attempted on a closed session or store."""
+
+
+class SessionNotFoundError(CitadelSessionError, LookupError):
+    """An operator command named a session that holds no live item."""
+
+
+class BackupExistsError(CitadelSessionError, FileExistsError):
+    """A backup's destination (or one of its companion files) already exists."""

@@ -333,6 +333,31 @@ class SessionLayout:
         """How many live items the session holds."""
         return sum(self._stored_count(memory, state, number) for number in state.segments)
 
+    def write_times(self, memory: Memory, state: SessionState) -> tuple[int, int] | None:
+        """Creation times (µs since the epoch) of the oldest and newest live items."""
+        oldest = next(
+            (hits[0] for n in state.segments
+             if (hits := memory.fetch(self._region(memory, state, n), ITEM_KIND, limit=1))),
+            None,
+        )
+        if oldest is None:
+            return None
+        newest = next(
+            (hits[0] for n in reversed(state.segments) if (hits := self._newest_in(memory, state, n, 1))),
+            oldest,
+        )
+        return oldest.created_at, newest.created_at
+
+    def attest(self, memory: Memory, state: SessionState) -> dict[str, int]:
+        """Citadel's per-atom verdicts (authentic, tampered, ...) for every live item."""
+        verdicts: dict[str, int] = {}
+        for number in state.segments:
+            region = self._region(memory, state, number)
+            ids = [hit.id for hit in memory.fetch(region, ITEM_KIND, limit=_ALL)]
+            for attestation in memory.verify(region, ids) if ids else []:
+                verdicts[attestation.verdict] = verdicts.get(attestation.verdict, 0) + 1
+        return verdicts
+
     def has_live_item(self, memory: Memory, state: SessionState) -> bool:
         return any(self._has_live(memory, state, n) for n in reversed(state.segments))
 

@@ -6,6 +6,9 @@ import math
 import os
 import threading
 import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
 from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -15,7 +18,15 @@ from agents.memory import SessionSettings
 
 from . import database as _database
 from .embedders import EmbedderIdentity, resolve_embedder
-from .errors import EmbedderMismatchError, SessionClosedError
+from .errors import (
+    BackupExistsError,
+    CitadelSessionError,
+    DatabaseNotFoundError,
+    EmbedderMismatchError,
+    SessionClosedError,
+    SessionNotFoundError,
+    WrongPassphraseError,
+)
 from .items import decode_item, encode_item, search_text
 from .layout import Erasure, SessionLayout, SessionState
 
@@ -25,6 +36,26 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 Argon2Profile = Literal["iot", "desktop", "server"]
 SyncMode = Literal["full", "normal", "off"]
+
+
+@dataclass(frozen=True)
+class SessionSummary:
+    """One session as `CitadelSessionStore.sessions` lists it."""
+
+    session_id: str
+    items: int
+    first_write: datetime
+    last_write: datetime
+
+
+@dataclass(frozen=True)
+class IntegrityReport:
+    """What `CitadelSessionStore.verify` found."""
+
+    ok: bool
+    pages_checked: int
+    page_errors: list[str]
+    item_verdicts: dict[str, int]
 
 
 class CitadelSessionStore:
@@ -127,9 +158,108 @@ class CitadelSessionStore:
         The same erasure as `CitadelSession.clear_session`, plus a readback: each
         erased item is verified ``missing`` by Citadel. Counts only live items;
         expired ones still stored are erased too.
+
+        Raises:
+            SessionNotFoundError: the file holds nothing under this id.
         """
         self._check_open()
-        return self._on_session(self._state(session_id), SessionLayout.erase)
+        state = self._state(session_id)
+        if state.catalog_id is None and not state.segments:
+            raise self._not_found(session_id)
+        return self._on_session(state, SessionLayout.erase)
+
+    def sessions(self) -> list[SessionSummary]:
+        """Every session holding a live item: its id, item count and first and last write."""
+        self._check_open()
+        summaries = []
+        for state in self._layout.states():
+            times = self._on_session(state, SessionLayout.write_times)
+            if times is None:
+                continue
+            count = self._on_session(state, SessionLayout.count)
+            summaries.append(
+                SessionSummary(state.session_id, count, _from_micros(times[0]), _from_micros(times[1]))
+            )
+        return sorted(summaries, key=lambda summary: summary.session_id)
+
+    def export(self, session_id: str) -> list[Any]:
+        """A session's items, oldest first, exactly as stored (for a data-access request).
+
+        Raises:
+            SessionNotFoundError: the session holds no live item.
+        """
+        self._check_open()
+        items = self._get_items(session_id, None)
+        if not items:
+            raise self._not_found(session_id)
+        return items
+
+    def rotate_key(self, current_key: str, new_key: str) -> None:
+        """Change the file's passphrase; every session stays readable with the new one only.
+
+        Raises:
+            WrongPassphraseError: `current_key` is not the file's passphrase.
+            EmptyPassphraseError: `new_key` is empty.
+        """
+        self._check_open()
+        _database.check_passphrase(new_key)
+
+        def rotate(db: citadeldb.Database) -> bool:
+            if not db.verify_passphrase(current_key):
+                return False
+            db.change_passphrase(current_key, new_key)
+            if not db.verify_passphrase(new_key) or db.verify_passphrase(current_key):
+                raise CitadelSessionError(
+                    f"the passphrase of {self.path} did not verify after the change; "
+                    "restore the file from a backup before using it."
+                )
+            return True
+
+        if not self._database.on_owner_thread(rotate):
+            raise WrongPassphraseError(
+                f"the current passphrase given for {self.path} is wrong; nothing was changed."
+            )
+
+    def backup(self, destination: str | os.PathLike[str]) -> list[str]:
+        """Write a consistent copy of the file and its companion files; return their paths.
+
+        Refuses a destination that exists (or whose companion files do). Erasures made
+        after the backup do not reach it: it keeps its own wrapped keys.
+        """
+        self._check_open()
+        target = Path(destination).expanduser().resolve()
+        if not target.parent.is_dir():
+            raise DatabaseNotFoundError(f"cannot back up to {target}: {target.parent} does not exist.")
+        existing = [str(p) for p in _with_companions(target) if p.exists()]
+        if existing:
+            raise BackupExistsError(
+                f"refusing to overwrite {', '.join(existing)}: choose a new destination "
+                "(a backup never replaces files)."
+            )
+        self._database.on_owner_thread(lambda db: db.backup(str(target)))
+        return [str(p) for p in _with_companions(target) if p.exists()]
+
+    def verify(self) -> IntegrityReport:
+        """Citadel's integrity check of the file's pages, plus its verdict on every live item."""
+        self._check_open()
+        report = self._database.on_owner_thread(lambda db: db.integrity_check())
+        verdicts: dict[str, int] = {}
+        for state in self._layout.states():
+            for verdict, count in self._on_session(state, SessionLayout.attest).items():
+                verdicts[verdict] = verdicts.get(verdict, 0) + count
+        bad_items = sum(count for verdict, count in verdicts.items() if verdict != "authentic")
+        return IntegrityReport(
+            ok=bool(report["ok"]) and bad_items == 0,
+            pages_checked=int(report["pages_checked"]),
+            page_errors=[str(error["message"]) for error in report["errors"]],
+            item_verdicts=verdicts,
+        )
+
+    def _not_found(self, session_id: str) -> SessionNotFoundError:
+        return SessionNotFoundError(
+            f"no session {session_id!r} with live items in {self.path}; "
+            "`python -m citadeldb_openai_agents sessions` lists them."
+        )
 
     def close(self) -> None:
         """Close the store; the file closes when the last store on it does. Idempotent."""
@@ -214,6 +344,14 @@ def _shared_layout(database: _database.OpenDatabase, embedder: Any) -> SessionLa
                 f"{EmbedderIdentity.of(embedder).model_id!r}. Use one embedder per file."
             )
         return layout
+
+
+def _from_micros(micros: int) -> datetime:
+    return datetime.fromtimestamp(micros / 1_000_000, tz=timezone.utc)
+
+
+def _with_companions(path: Path) -> list[Path]:
+    return [path, *(path.with_name(f"{path.name}.citadel-{part}") for part in ("keys", "audit", "regions", "atomkeys"))]
 
 
 def _check_ttl(ttl: float | None) -> float | None:
