@@ -1,5 +1,6 @@
 """Encrypted, embedded conversation memory for the OpenAI Agents SDK, stored in Citadel."""
 
+from .config import from_config
 from .embedders import Embedder, EmbedderIdentity, LegacyEmbedderAdapter
 from .errors import (
     CitadelSessionError,
@@ -14,12 +15,15 @@ from .errors import (
 )
 from .layout import Erasure
 from .session import CitadelSession
+from .settings import CitadelSettings, ConfigurationError
 from .store import CitadelSessionStore
 
 __all__ = [
     "CitadelSession",
     "CitadelSessionStore",
     "CitadelSessionError",
+    "CitadelSettings",
+    "ConfigurationError",
     "CorruptDatabaseError",
     "DatabaseLockedError",
     "DatabaseNotFoundError",
@@ -32,5 +36,6 @@ __all__ = [
     "LegacyEmbedderAdapter",
     "SessionClosedError",
     "WrongPassphraseError",
+    "from_config",
 ]
 __version__ = "0.1.0"

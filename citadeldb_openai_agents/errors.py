@@ -8,6 +8,9 @@ both ``except CitadelSessionError`` and ``except ValueError`` work.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
+
 
 class CitadelSessionError(Exception):
     """Base class of every error this package raises on purpose."""
@@ -51,3 +54,24 @@ class SessionNotFoundError(CitadelSessionError, LookupError):
 
 class BackupExistsError(CitadelSessionError, FileExistsError):
     """A backup's destination (or one of its companion files) already exists."""
+
+
+class ConfigurationError(CitadelSessionError, ValueError):
+    """The configuration is not usable. `problems` lists every problem found, each with its fix.
+
+    `config_file` is the TOML file that was read, when there was one.
+    """
+
+    def __init__(self, problems: Sequence[str] | str, *, config_file: Path | None = None) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        self.config_file = config_file
+        if len(self.problems) == 1:
+            message = f"the configuration is not usable: {self.problems[0]}"
+        else:
+            listed = "\n".join(f"  - {problem}" for problem in self.problems)
+            message = f"the configuration is not usable ({len(self.problems)} problems):\n{listed}"
+        super().__init__(message)
+
+
+class ConfigurationWarning(UserWarning):
+    """A configuration that works but is risky (e.g. a key file others can read)."""

@@ -1,0 +1,341 @@
+"""from_config(): settings -> store. Also the embedder providers and the checks behind `check`.
+
+Agent code says ``store = from_config()``; operators configure the rest (see
+`CitadelSettings`) and run ``python -m citadeldb_openai_agents check``, which
+calls `check_configuration` and loads the settings exactly as `from_config` does.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib
+import os
+import re
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import citadeldb
+from agents.memory import SessionSettings
+
+from .database import resolve_path
+from .embedders import DEFAULT_MOCK_DIM, Embedder, resolve_embedder
+from .errors import CitadelSessionError
+from .settings import (
+    CitadelSettings,
+    ConfigurationError,
+    ConfigurationWarning,
+    EmbedderSettings,
+    Origin,
+    closest,
+)
+from .store import CitadelSessionStore
+
+ConfigSource = str | os.PathLike[str] | CitadelSettings | None
+EmbedderBuilder = Callable[[EmbedderSettings], Any]
+_FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+def from_config(config: ConfigSource = None, **overrides: Any) -> CitadelSessionStore:
+    """Open the store the configuration describes.
+
+    Args:
+        config: A TOML file, a `CitadelSettings`, or None (then ``CITADEL_CONFIG``,
+            else ``./citadel.toml`` when it exists, else variables and defaults only).
+        **overrides: Settings that win over every other source (``ttl="1h"``, ...).
+
+    Raises `ConfigurationError` listing every problem found in the configuration;
+    errors opening the file (`WrongPassphraseError`, ...) pass through. Calls that
+    resolve to the same file in one process share one open database.
+    """
+    settings = load_settings(config, **overrides)
+    return _open_store(settings, build_embedder(settings))
+
+
+def load_settings(config: ConfigSource = None, **overrides: Any) -> CitadelSettings:
+    """The settings `from_config` would use (see its arguments)."""
+    if isinstance(config, CitadelSettings):
+        if overrides:
+            raise TypeError(
+                "from_config(settings, **overrides): put the overrides into the settings "
+                "instead, e.g. CitadelSettings(ttl=...)"
+            )
+        return config
+    return CitadelSettings(_config_file=config, **overrides)
+
+
+# -- embedders ---------------------------------------------------------------------------
+
+
+def build_embedder(settings: CitadelSettings) -> Embedder:
+    """The embedder the ``[embedder]`` table describes, built by its provider.
+
+    Raises `ConfigurationError` naming the setting at fault and its fix.
+    """
+    table = settings.embedder
+    builder = EMBEDDER_PROVIDERS.get(table.provider)
+    if builder is None:
+        names = sorted(EMBEDDER_PROVIDERS)
+        raise ConfigurationError(
+            f"unknown embedder provider {table.provider!r} (from "
+            f"{settings.provenance('embedder.provider').origin}); use one of "
+            f"{', '.join(names)}.{closest(table.provider, names)}"
+        )
+    return builder(table)
+
+
+def _mock_embedder(table: EmbedderSettings) -> Embedder:
+    """Citadel's hashed bag-of-words: no download, no network; fine for tests and demos."""
+    if table.factory is not None or table.options:
+        raise ConfigurationError(
+            "embedder.factory and embedder.options apply to provider 'import'; "
+            "remove them, or set provider = 'import'"
+        )
+    return citadeldb.MockEmbedder(dim=table.dim or DEFAULT_MOCK_DIM)
+
+
+def _imported_embedder(table: EmbedderSettings) -> Embedder:
+    """Any embedder a user brings: ``factory(**options)`` must return one."""
+    problems = []
+    if table.dim is not None:
+        problems.append(
+            "embedder.dim applies to provider 'mock'; for provider 'import' pass the "
+            "dimension in embedder.options if the factory takes one"
+        )
+    if not table.factory:
+        problems.append(
+            "provider 'import' needs embedder.factory = \"package.module:callable\" "
+            "(CITADEL_EMBEDDER__FACTORY)"
+        )
+    elif not _FACTORY.match(table.factory):
+        problems.append(
+            f"embedder.factory {table.factory!r} is not of the form package.module:callable"
+        )
+    if problems:
+        raise ConfigurationError(problems)
+    assert table.factory is not None
+    factory = _load_factory(table.factory)
+    try:
+        made = factory(**table.options)
+    except Exception as exc:
+        raise ConfigurationError(
+            f"embedder.factory {table.factory!r} raised {type(exc).__name__}: {exc} "
+            f"(called with the options {sorted(table.options) or 'none'}); "
+            "fix embedder.options or the factory"
+        ) from exc
+    try:
+        return resolve_embedder(made)
+    except TypeError as exc:
+        raise ConfigurationError(
+            f"embedder.factory {table.factory!r} returned something that is not an embedder: {exc}"
+        ) from exc
+
+
+def _load_factory(spec: str) -> Callable[..., Any]:
+    module_name, _, attribute = spec.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise ConfigurationError(
+            f"embedder.factory {spec!r}: cannot import {module_name} ({exc}); install the "
+            "package that provides it, or correct the module path"
+        ) from exc
+    except Exception as exc:
+        raise ConfigurationError(
+            f"embedder.factory {spec!r}: importing {module_name} raised {type(exc).__name__}: {exc}"
+        ) from exc
+    owner = module_name
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            names = [name for name in dir(target) if not name.startswith("_")]
+            raise ConfigurationError(
+                f"embedder.factory {spec!r}: {owner} has no attribute {part!r}."
+                f"{closest(part, names)} Correct the name after the colon"
+            )
+        target, owner = getattr(target, part), f"{owner}.{part}"
+    if not callable(target):
+        raise ConfigurationError(
+            f"embedder.factory {spec!r} names a {type(target).__name__}, not a callable; "
+            "name a function or class that returns an embedder"
+        )
+    return target
+
+
+# The place later providers plug in: a name and a builder from the [embedder] table.
+EMBEDDER_PROVIDERS: dict[str, EmbedderBuilder] = {
+    "mock": _mock_embedder,
+    "import": _imported_embedder,
+}
+
+
+def _open_store(settings: CitadelSettings, embedder: Embedder) -> CitadelSessionStore:
+    limit = settings.session_limit
+    return CitadelSessionStore(
+        settings.path,
+        settings.key.get_secret_value(),
+        embedder=embedder,
+        ttl=settings.ttl,
+        session_settings=None if limit is None else SessionSettings(limit=limit),
+        argon2_profile=settings.argon2_profile,
+        sync_mode=settings.sync_mode,
+    )
+
+
+# -- check ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SettingReport:
+    """One resolved setting: its value (the passphrase only as "set") and where it came from."""
+
+    name: str
+    value: Any
+    origin: Origin
+    overrides: tuple[Origin, ...] = ()
+
+
+@dataclass(frozen=True)
+class DatabaseReport:
+    """What opening the database found. `exists` False: it is created on first use."""
+
+    path: str
+    exists: bool
+    passphrase_verified: bool = False
+    sessions: int | None = None
+    size_bytes: int = 0
+
+
+@dataclass
+class CheckReport:
+    """The result of `check_configuration`: settings, database, and every problem found."""
+
+    config_file: str | None = None
+    settings: list[SettingReport] = field(default_factory=list)
+    database: DatabaseReport | None = None
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when the configuration (and, if opened, the database) is usable."""
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data."""
+        return {
+            "ok": self.ok,
+            "config_file": self.config_file,
+            "settings": {
+                row.name: {
+                    "value": row.value,
+                    "source": row.origin.kind,
+                    "detail": row.origin.detail or None,
+                    "overrides": [str(origin) for origin in row.overrides],
+                }
+                for row in self.settings
+            },
+            "database": None if self.database is None else asdict(self.database),
+            "problems": list(self.problems),
+            "warnings": list(self.warnings),
+        }
+
+
+def check_configuration(config: ConfigSource = None, *, open_database: bool = True) -> CheckReport:
+    """Load the settings as `from_config` does, build the embedder and (unless told not to)
+    open the database; report every value with its source and every problem found.
+
+    An existing database is opened, which verifies the passphrase; a missing one is
+    not created, only its directory checked.
+    """
+    report = CheckReport()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConfigurationWarning)
+        settings = _checked_settings(config, report)
+    for caught_warning in caught:
+        if issubclass(caught_warning.category, ConfigurationWarning):
+            report.warnings.append(str(caught_warning.message))
+        else:
+            warnings.warn_explicit(
+                caught_warning.message, caught_warning.category,
+                caught_warning.filename, caught_warning.lineno,
+            )
+    if settings is None:
+        return report
+    try:
+        embedder = build_embedder(settings)
+    except ConfigurationError as exc:
+        report.problems.extend(exc.problems)
+        return report
+    if open_database:
+        report.database = _check_database(settings, embedder, report.problems)
+    return report
+
+
+def _checked_settings(config: ConfigSource, report: CheckReport) -> CitadelSettings | None:
+    try:
+        settings = load_settings(config)
+    except ConfigurationError as exc:
+        report.problems.extend(exc.problems)
+        report.config_file = None if exc.config_file is None else str(exc.config_file)
+        return None
+    report.config_file = None if settings.config_file is None else str(settings.config_file)
+    report.settings = [
+        SettingReport(name, _shown(settings, name), *_where(settings, name))
+        for name in settings.setting_names()
+    ]
+    return settings
+
+
+def _where(settings: CitadelSettings, name: str) -> tuple[Origin, tuple[Origin, ...]]:
+    provenance = settings.provenance(name)
+    return provenance.origin, provenance.overrides
+
+
+def _shown(settings: CitadelSettings, name: str) -> Any:
+    if name == "key":
+        return "set"
+    value: Any = settings
+    for part in name.split("."):
+        value = getattr(value, part)
+    if name == "embedder.options":
+        # Option values may be credentials (an API key); only their names are shown.
+        return sorted(value)
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return value
+
+
+def _check_database(
+    settings: CitadelSettings, embedder: Embedder, problems: list[str]
+) -> DatabaseReport:
+    path = resolve_path(settings.path)
+    if not os.path.exists(path):
+        # A check must not create the file; whether it could is what matters.
+        directory = os.path.dirname(path)
+        if not os.path.isdir(directory):
+            problems.append(
+                f"the directory {directory} for {path} does not exist; create it (mkdir -p) "
+                "or change CITADEL_PATH / path"
+            )
+        elif not os.access(directory, os.W_OK | os.X_OK):
+            problems.append(
+                f"{path} does not exist and this user cannot create it in {directory}; "
+                "fix the directory's owner or mode"
+            )
+        return DatabaseReport(path, exists=False)
+    try:
+        with _open_store(settings, embedder) as store:
+            sessions = len(store.session_ids())
+    except (CitadelSessionError, citadeldb.CitadelError, OSError) as exc:
+        problems.append(str(exc))
+        return DatabaseReport(path, exists=True, size_bytes=_size(path))
+    return DatabaseReport(
+        path, exists=True, passphrase_verified=True, sessions=sessions, size_bytes=_size(path)
+    )
+
+
+def _size(path: str) -> int:
+    """Bytes of the file and its companions (``<path>.citadel-*``: keys, regions, ...)."""
+    files = [path, *glob.glob(glob.escape(path) + ".citadel-*")]
+    return sum(os.path.getsize(name) for name in files if os.path.isfile(name))

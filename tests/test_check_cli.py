@@ -1,0 +1,186 @@
+"""`python -m citadeldb_openai_agents check`, run as operators run it: in a subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from citadeldb_openai_agents import CitadelSettings, from_config
+
+PASSPHRASE = "correct horse battery staple 7f3a"
+WRONG = "wrong passphrase 91c2e"
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.upper().startswith("CITADEL_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+
+
+def command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "citadeldb_openai_agents", "check", *args]
+
+
+def environment(**variables: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("CITADEL_")}
+    return env | variables
+
+
+def check(*args: str, cwd: Path, **variables: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        command(*args), cwd=cwd, env=environment(**variables), capture_output=True, text=True,
+        timeout=60,
+    )
+
+
+def write(path: Path, text: str, mode: int = 0o600) -> Path:
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+@pytest.fixture
+def deployed(tmp_path: Path) -> Path:
+    """A directory as an operator leaves it: citadel.toml, a key file, a database with one session."""
+    write(tmp_path / "citadel.key", PASSPHRASE + "\n")
+    write(tmp_path / "citadel.toml", 'path = "app.cdl"\nkey_file = "citadel.key"\nargon2_profile = "iot"\nttl = "7d"\n')
+    with from_config(tmp_path / "citadel.toml") as store:
+        asyncio.run(store.session("user-123").add_items([{"role": "user", "content": "hello"}]))
+    return tmp_path
+
+
+def test_a_usable_configuration_exits_0_with_every_value_and_its_source(deployed: Path) -> None:
+    result = check(cwd=deployed, CITADEL_SESSION_LIMIT="20")
+
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert f"key file {deployed / 'citadel.key'}" in out
+    assert "environment variable CITADEL_SESSION_LIMIT" in out
+    assert f"TOML file {deployed / 'citadel.toml'}" in out
+    assert "passphrase: verified" in out
+    assert "sessions:   1" in out
+
+
+def test_json_reports_sessions_and_the_size_of_the_file_and_its_companions(deployed: Path) -> None:
+    result = check("--json", cwd=deployed)
+
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["ok"] is True
+    assert report["settings"]["key"] == {
+        "value": "set", "source": "key file", "detail": str(deployed / "citadel.key"), "overrides": [],
+    }
+    assert report["settings"]["ttl"]["value"] == 7 * 86400
+    database = report["database"]
+    assert (database["passphrase_verified"], database["sessions"]) == (True, 1)
+    files = [deployed / "app.cdl", *deployed.glob("app.cdl.citadel-*")]
+    assert len(files) > 1
+    assert database["size_bytes"] == sum(f.stat().st_size for f in files)
+
+
+def test_a_wrong_passphrase_exits_1(deployed: Path) -> None:
+    (deployed / "citadel.toml").write_text('path = "app.cdl"\n')
+
+    result = check("--json", cwd=deployed, CITADEL_KEY=WRONG)
+
+    assert result.returncode == 1
+    assert any("wrong passphrase" in p for p in json.loads(result.stdout)["problems"])
+
+
+def test_every_configuration_problem_is_listed_and_exits_1(tmp_path: Path) -> None:
+    write(tmp_path / "citadel.toml", "tll = 60\n")
+
+    result = check(cwd=tmp_path, CITADEL_KEY=PASSPHRASE, CITADEL_SYNC_MOD="off", CITADEL_TTL="0")
+
+    assert result.returncode == 1
+    for fragment in ["Did you mean ttl?", "Did you mean CITADEL_SYNC_MODE?", "not a positive duration"]:
+        assert fragment in result.stderr
+
+
+def test_no_open_checks_the_settings_and_leaves_the_disk_alone(tmp_path: Path) -> None:
+    result = check("--no-open", cwd=tmp_path, CITADEL_KEY=PASSPHRASE)
+
+    assert result.returncode == 0, result.stderr
+    assert "database" not in result.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_database_not_created_yet_is_usable_and_not_created_by_check(tmp_path: Path) -> None:
+    result = check("--json", cwd=tmp_path, CITADEL_KEY=PASSPHRASE)
+
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["database"]["exists"] is False
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_usage_error_exits_2(tmp_path: Path) -> None:
+    result = check("--no-such-flag", cwd=tmp_path)
+
+    assert result.returncode == 2
+    assert "usage:" in result.stderr
+
+
+def test_help_documents_every_variable(tmp_path: Path) -> None:
+    result = check("--help", cwd=tmp_path)
+
+    assert result.returncode == 0
+    for variable in CitadelSettings.environment_variables():
+        assert variable in result.stdout, variable
+
+
+# Every path through check, errors included; the output format alternates between them.
+LEAK_SCENARIOS = {
+    "valid, key in a variable": ({"CITADEL_KEY": PASSPHRASE}, ""),
+    "valid, key file readable by others": ({"CITADEL_KEY_FILE": "citadel.key"}, ""),
+    "wrong passphrase": ({"CITADEL_KEY": WRONG}, ""),
+    "both key sources": ({"CITADEL_KEY": PASSPHRASE, "CITADEL_KEY_FILE": "citadel.key"}, ""),
+    "passphrase in the TOML file": ({}, f'key = "{PASSPHRASE}"\n'),
+    "passphrase unquoted in the TOML file": ({}, f"key = {PASSPHRASE}\n"),
+    "bad values with the key set": (
+        {"CITADEL_KEY": PASSPHRASE, "CITADEL_TTL": "never", "CITADEL_KYE": PASSPHRASE},
+        'argon2_profile = "fast"\n',
+    ),
+    "a bad factory": (
+        {"CITADEL_KEY": PASSPHRASE, "CITADEL_EMBEDDER__PROVIDER": "import",
+         "CITADEL_EMBEDDER__FACTORY": "nope:make"},
+        "",
+    ),
+}
+
+
+def copy_deployment(source: Path, target: Path, toml: str) -> None:
+    target.mkdir()
+    for path in [source / "citadel.key", source / "app.cdl", *source.glob("app.cdl.citadel-*")]:
+        (target / path.name).write_bytes(path.read_bytes())
+    (target / "citadel.key").chmod(0o644)  # the permission warning's path too
+    (target / "citadel.toml").write_text('path = "app.cdl"\n' + toml)
+
+
+def test_the_passphrase_never_appears_in_any_output(deployed: Path) -> None:
+    runs = []
+    for number, (name, (variables, toml)) in enumerate(LEAK_SCENARIOS.items()):
+        directory = deployed / f"scenario-{number}"
+        copy_deployment(deployed, directory, toml)
+        args = ("--json",) if number % 2 else ()
+        # Started together: each run pays an interpreter start-up.
+        process = subprocess.Popen(
+            command(*args), cwd=directory, env=environment(**variables),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        runs.append((name, process))
+    exit_codes = {}
+    for name, process in runs:
+        out, err = process.communicate(timeout=120)
+        exit_codes[name] = process.returncode
+        for secret in (PASSPHRASE, WRONG, "staple", "91c2e"):
+            assert secret not in out and secret not in err, name
+        assert "Traceback" not in err, (name, err)
+    assert exit_codes == {name: 0 if name.startswith("valid") else 1 for name in LEAK_SCENARIOS}
