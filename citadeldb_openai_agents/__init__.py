@@ -16,7 +16,8 @@ from .errors import (
 from .layout import Erasure
 from .session import CitadelSession
 from .settings import CitadelSettings, ConfigurationError
-from .store import CitadelSessionStore
+from .sentence_embedder import SentenceTransformerEmbedder
+from .store import CitadelSessionStore, ReembedSummary, reembed
 
 __all__ = [
     "CitadelSession",
@@ -34,8 +35,11 @@ __all__ = [
     "Erasure",
     "InvalidItemError",
     "LegacyEmbedderAdapter",
+    "ReembedSummary",
+    "SentenceTransformerEmbedder",
     "SessionClosedError",
     "WrongPassphraseError",
     "from_config",
+    "reembed",
 ]
 __version__ = "0.1.0"

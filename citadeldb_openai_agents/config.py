@@ -92,6 +92,11 @@ def _mock_embedder(table: EmbedderSettings) -> Embedder:
             "embedder.factory and embedder.options apply to provider 'import'; "
             "remove them, or set provider = 'import'"
         )
+    if table.model is not None or table.device is not None:
+        raise ConfigurationError(
+            "embedder.model and embedder.device apply to provider 'sentence-transformers'; "
+            "remove them, or set provider = 'sentence-transformers'"
+        )
     return citadeldb.MockEmbedder(dim=table.dim or DEFAULT_MOCK_DIM)
 
 
@@ -102,6 +107,11 @@ def _imported_embedder(table: EmbedderSettings) -> Embedder:
         problems.append(
             "embedder.dim applies to provider 'mock'; for provider 'import' pass the "
             "dimension in embedder.options if the factory takes one"
+        )
+    if table.model is not None or table.device is not None:
+        problems.append(
+            "embedder.model and embedder.device apply to provider 'sentence-transformers'; "
+            "for provider 'import' pass them in embedder.options"
         )
     if not table.factory:
         problems.append(
@@ -162,10 +172,31 @@ def _load_factory(spec: str) -> Callable[..., Any]:
     return target
 
 
+def _sentence_transformers_embedder(table: EmbedderSettings) -> Embedder:
+    """A local sentence-embedding model (the ``embeddings`` extra), loaded offline."""
+    unused = [
+        f"embedder.{name}"
+        for name, value in (("dim", table.dim), ("factory", table.factory), ("options", table.options))
+        if value
+    ]
+    if unused:
+        raise ConfigurationError(
+            f"{', '.join(unused)} do not apply to provider 'sentence-transformers' "
+            "(it takes model and device); remove them"
+        )
+    from .sentence_embedder import DEFAULT_MODEL, SentenceTransformerEmbedder
+
+    try:
+        return SentenceTransformerEmbedder(table.model or DEFAULT_MODEL, device=table.device or "cpu")
+    except (ImportError, FileNotFoundError, OSError, ValueError) as exc:
+        raise ConfigurationError(f"embedder provider 'sentence-transformers': {exc}") from None
+
+
 # The place later providers plug in: a name and a builder from the [embedder] table.
 EMBEDDER_PROVIDERS: dict[str, EmbedderBuilder] = {
     "mock": _mock_embedder,
     "import": _imported_embedder,
+    "sentence-transformers": _sentence_transformers_embedder,
 }
 
 

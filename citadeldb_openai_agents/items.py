@@ -44,14 +44,23 @@ def decode_item(payload: str) -> Any:
 
 
 def search_text(item: Any) -> str:
-    """The plain text of an item that search indexes: its content, or a tool's output."""
-    if not isinstance(item, dict):
-        return ""
-    content = item.get("content")
-    if content is None and item.get("type") == "function_call_output":
-        content = item.get("output")
+    """The plain text of an item that search indexes: its content, or a tool call's text.
+
+    Never empty: Citadel can only re-embed (`reembed`) atoms that have text, so an
+    item with nothing to say is indexed under its type.
+    """
+    text = ""
+    if isinstance(item, dict):
+        content = item.get("content")
+        if content is None and item.get("type") == "function_call_output":
+            content = item.get("output")
+        text = _plain_text(content)
+        if not text and item.get("type") == "function_call":
+            text = f"{item.get('name', '')} {item.get('arguments', '')}".strip()
+        if not text:
+            text = str(item.get("type") or item.get("role") or "")
     # The index needs valid UTF-8; the verbatim payload keeps any lone surrogate.
-    return _plain_text(content).encode("utf-8", "replace").decode("utf-8")
+    return (text or "item").encode("utf-8", "replace").decode("utf-8")
 
 
 def _plain_text(content: Any) -> str:

@@ -111,7 +111,8 @@ class SessionLayout:
                 "salt": secrets.token_hex(32),
                 "embedder": self.identity.__dict__,
             }
-            memory.remember(META_REGION, {"kind": "layout", "text": "", "payload": meta})
+            # Text is never empty: Citadel re-embeds (reembed_file) from an atom's text.
+            memory.remember(META_REGION, {"kind": "layout", "text": "layout", "payload": meta})
         recorded = EmbedderIdentity(**meta["embedder"])
         if recorded != self.identity:
             raise self._mismatch(
@@ -199,7 +200,7 @@ class SessionLayout:
     ) -> None:
         """Store one batch atomically, in one segment."""
         if state.catalog_id is None:
-            entry = {"kind": "session", "text": "", "payload": state.session_id}
+            entry = {"kind": "session", "text": "session", "payload": state.session_id}
             state.catalog_id = memory.remember(CATALOG_REGION, entry)
         if expires_at is not None:
             self._erase_expired_head(memory, state)
@@ -395,10 +396,15 @@ class SessionLayout:
 
     def search(self, memory: Memory, state: SessionState, query: str, limit: int) -> list[str]:
         """The session's live items ranked by Citadel's hybrid recall, best first."""
+        if not state.segments:
+            return []
+        # Embed the query once, not once per segment: a real model costs ~10 ms a call.
+        embed = getattr(self.embedder, "embed_queries_with_cancel", self.embedder.embed_with_cancel)
+        vector = embed([query], None)[0]
         hits: list[AtomHit] = []
         for number in state.segments:
             region = self._region(memory, state, number)
-            hits.extend(memory.recall(region, text=query, k=limit, kinds=[ITEM_KIND]))
+            hits.extend(memory.recall(region, text=query, embedding=vector, k=limit, kinds=[ITEM_KIND]))
         # Each segment ranks its own atoms; merge on relevance, then distance, then recency.
         hits.sort(key=lambda h: (-(h.relevance or 0.0), h.distance if h.distance is not None else 2.0, -h.id))
         return [hit.payload for hit in hits[:limit]]
@@ -415,3 +421,27 @@ def _parse_segment(name: str) -> tuple[str, int] | None:
         return None
     return hid, int(number)
 
+
+def reembed_file(memory: Memory, embedder: Embedder) -> tuple[int, int]:
+    """Re-embed every region of this layout from its stored text; record the new embedder.
+
+    Runs before any `SessionLayout` is built on the file (its regions must not be
+    attached to the old embedder). Items, ids and keys are kept. Idempotent: if it
+    is interrupted, running it again finishes the job. Returns (regions, items).
+    """
+    ours = [
+        region.name for region in memory.regions()
+        if region.name in (CATALOG_REGION, META_REGION) or _parse_segment(region.name)
+    ]
+    items = 0
+    # The meta region last: it records the embedder, so it moves once the rest has.
+    for name in sorted(ours, key=lambda n: n == META_REGION):
+        migrated = memory.reembed_region(name, embedder).atoms_migrated
+        if name.startswith(SEGMENT_PREFIX):
+            items += migrated
+    found = memory.fetch(META_REGION, "layout", limit=1)
+    if found:
+        meta = dict(found[0].payload)
+        meta["embedder"] = EmbedderIdentity.of(embedder).__dict__
+        memory.update_atom_payload(META_REGION, found[0].id, meta)
+    return len(ours), items

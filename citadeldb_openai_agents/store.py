@@ -28,7 +28,7 @@ from .errors import (
     WrongPassphraseError,
 )
 from .items import decode_item, encode_item, search_text
-from .layout import Erasure, SessionLayout, SessionState
+from .layout import Erasure, SessionLayout, SessionState, reembed_file
 
 if TYPE_CHECKING:
     from .session import CitadelSession
@@ -328,6 +328,39 @@ class CitadelSessionStore:
     def _search(self, session_id: str, query: str, limit: int) -> list[Any]:
         payloads = self._on_session(self._state(session_id), SessionLayout.search, query, limit)
         return [decode_item(payload) for payload in payloads]
+
+
+@dataclass(frozen=True)
+class ReembedSummary:
+    """What `reembed` did: regions re-embedded, items kept, and the new model id."""
+
+    regions: int
+    items: int
+    model_id: str
+
+
+def reembed(
+    path: str | os.PathLike[str], key: str, embedder: Any
+) -> ReembedSummary:
+    """Re-embed a file's stored text with `embedder`, keeping every item.
+
+    The fix for `EmbedderMismatchError`: after it, the file opens with `embedder`.
+    The file must not be open elsewhere in this process or in another process.
+    """
+    resolved_embedder = resolve_embedder(embedder)
+    database = _database.acquire(path, key)
+    del key
+    try:
+        with database.setup_lock:
+            if database.layout is not None:
+                raise CitadelSessionError(
+                    f"{database.path} has open stores in this process; close them before re-embedding."
+                )
+            with database.operation() as memory:
+                regions, items = reembed_file(memory, resolved_embedder)
+    finally:
+        database.release()
+    return ReembedSummary(regions, items, EmbedderIdentity.of(resolved_embedder).model_id)
 
 
 def _shared_layout(database: _database.OpenDatabase, embedder: Any) -> SessionLayout:

