@@ -3,6 +3,7 @@
 from .config import from_config
 from .embedders import Embedder, EmbedderIdentity, LegacyEmbedderAdapter
 from .errors import (
+    BackupExistsError,
     CitadelSessionError,
     CorruptDatabaseError,
     DatabaseLockedError,
@@ -11,15 +12,23 @@ from .errors import (
     EmptyPassphraseError,
     InvalidItemError,
     SessionClosedError,
+    SessionNotFoundError,
     WrongPassphraseError,
 )
 from .layout import Erasure
 from .session import CitadelSession
 from .settings import CitadelSettings, ConfigurationError
 from .sentence_embedder import SentenceTransformerEmbedder
-from .store import CitadelSessionStore, ReembedSummary, reembed
+from .store import (
+    CitadelSessionStore,
+    IntegrityReport,
+    ReembedSummary,
+    SessionSummary,
+    reembed,
+)
 
 __all__ = [
+    "BackupExistsError",
     "CitadelSession",
     "CitadelSessionStore",
     "CitadelSessionError",
@@ -33,11 +42,14 @@ __all__ = [
     "EmbedderMismatchError",
     "EmptyPassphraseError",
     "Erasure",
+    "IntegrityReport",
     "InvalidItemError",
     "LegacyEmbedderAdapter",
     "ReembedSummary",
     "SentenceTransformerEmbedder",
     "SessionClosedError",
+    "SessionNotFoundError",
+    "SessionSummary",
     "WrongPassphraseError",
     "from_config",
     "reembed",

@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
+import os
 import sys
 import textwrap
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .config import CheckReport, check_configuration
-from .settings import CitadelSettings
+import citadeldb
+
+from .config import CheckReport, check_configuration, load_settings, open_existing_store
+from .errors import CitadelSessionError, CorruptDatabaseError, DatabaseLockedError
+from .layout import Erasure
+from .settings import CitadelSettings, ConfigurationError, ConfigurationWarning, read_key_file
+from .store import CitadelSessionStore, IntegrityReport, SessionSummary
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -46,7 +57,89 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--json", action="store_true", help="print the report as JSON (for CI pipelines)"
     )
+    _add_operations(commands)
     return parser
+
+
+def _add_operations(commands: Any) -> None:
+    """The operator commands: each a thin shell over the store method named in its help."""
+    config = argparse.ArgumentParser(add_help=False)
+    config.add_argument(
+        "--config",
+        metavar="PATH",
+        help="the TOML file (default: CITADEL_CONFIG, else ./citadel.toml), resolved as check does",
+    )
+    as_json = argparse.ArgumentParser(add_help=False)
+    as_json.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    def add(name: str, summary: str, call: str, details: str, *parents: Any) -> Any:
+        parser = commands.add_parser(
+            name, parents=[config, *parents], help=summary,
+            description=f"{summary[0].upper()}{summary[1:]}. {details} Library: {call}.",
+        )
+        parser.set_defaults(library_call=call)
+        return parser
+
+    add(
+        "sessions", "list every session with its item count and first and last write",
+        "store.sessions()", "Times are UTC.", as_json,
+    ).set_defaults(run=_sessions)
+
+    export = add(
+        "export", "print a session's items as JSON Lines, verbatim (a data-access request)",
+        "store.export(session_id)",
+        "One item per line, keys in stored order, UTF-8. Exit 1 for an unknown session id.",
+    )
+    export.add_argument("session_id", metavar="SESSION_ID")
+    export.add_argument(
+        "--out", metavar="FILE",
+        help="write to FILE (created with mode 600; an existing file is never overwritten)",
+    )
+    export.set_defaults(run=_export)
+
+    erase = add(
+        "erase", "erase sessions cryptographically and print the receipt",
+        "store.erase_session(session_id)",
+        "Every id is checked first: if one is unknown, nothing is erased (exit 1). Asks for "
+        "confirmation on a terminal; without a terminal, --yes is required. Exit 1 when a "
+        "readback does not confirm the erasure.",
+        as_json,
+    )
+    erase.add_argument("session_ids", metavar="SESSION_ID", nargs="+")
+    erase.add_argument("-y", "--yes", action="store_true", help="erase without asking")
+    erase.set_defaults(run=_erase)
+
+    add(
+        "purge", "erase every expired item now and print how many",
+        "store.purge_expired()", "Expired items are already invisible; this destroys their keys.",
+    ).set_defaults(run=_purge)
+
+    rotate = add(
+        "rotate-key", "change the passphrase; the old one stops opening the file",
+        "store.rotate_key(current_key, new_key)",
+        "The current passphrase comes from the configuration. The new one from "
+        "--new-key-file, else CITADEL_NEW_KEY or CITADEL_NEW_KEY_FILE (not both), else a "
+        "prompt without echo on a terminal. Afterwards, put the new passphrase where the "
+        "configuration reads it.",
+    )
+    rotate.add_argument(
+        "--new-key-file", metavar="PATH", help="a file holding the new passphrase (chmod 600)"
+    )
+    rotate.set_defaults(run=_rotate_key)
+
+    backup = add(
+        "backup", "write a consistent copy of the database and its companion files",
+        "store.backup(dest)",
+        "Refuses a destination that exists (or whose companion files do). The copy opens "
+        "with the current passphrase.",
+    )
+    backup.add_argument("dest", metavar="DEST", help="the new database file to write")
+    backup.set_defaults(run=_backup)
+
+    add(
+        "verify", "check every page and item for damage or tampering",
+        "store.verify()", "Exit 0 when intact, 1 when damage or tampering is found.", as_json,
+    ).set_defaults(run=_verify)
 
 
 def _variables_help() -> str:
@@ -79,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             _print_report(report)
         return 0 if report.ok else 1
+    if hasattr(args, "run"):
+        return _operate(args)
     parser.print_help(sys.stderr)
     return 2
 
@@ -138,3 +233,336 @@ def _human(size: float) -> str:
         if size < 1024 or unit == "GiB":
             break
     return f"{size:.1f} {unit}"
+
+
+# -- operator commands ---------------------------------------------------------------------
+
+
+class _Refused(Exception):
+    """The command itself declines to run (no confirmation, no new passphrase, ...)."""
+
+
+def _operate(args: argparse.Namespace) -> int:
+    """Run an operator command: every failure is one readable message and exit 1."""
+    try:
+        return int(args.run(args))
+    except ConfigurationError as exc:
+        _error(exc)
+        print("hint: `python -m citadeldb_openai_agents check` shows every setting and its "
+              "source", file=sys.stderr)
+    except DatabaseLockedError as exc:
+        _error(exc)
+        print("hint: stop the service that owns the file and retry, or run this inside it "
+              f"through the library: {args.library_call}", file=sys.stderr)
+    except CorruptDatabaseError as exc:
+        _error(exc)
+        if args.run is _verify:
+            print("verify: FAILED, the damage stops the file from being read; restore the "
+                  "file and its companion files from a backup", file=sys.stderr)
+    except BrokenPipeError:
+        # The reader (`| head`) left; stop quietly instead of failing again at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (_Refused, CitadelSessionError, citadeldb.CitadelError, OSError) as exc:
+        _error(exc)
+    return 1
+
+
+def _error(exc: BaseException) -> None:
+    sys.stdout.flush()
+    print(f"error: {exc}", file=sys.stderr)
+
+
+@contextmanager
+def _configuration_warnings() -> Iterator[None]:
+    """Print ConfigurationWarnings as `warning:` lines, as check does."""
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ConfigurationWarning)
+            yield
+    finally:
+        # Printed before any error that follows: a world-readable key file may be why.
+        for caught_warning in caught:
+            if issubclass(caught_warning.category, ConfigurationWarning):
+                print(f"warning: {caught_warning.message}", file=sys.stderr)
+            else:
+                warnings.warn_explicit(
+                    caught_warning.message, caught_warning.category,
+                    caught_warning.filename, caught_warning.lineno,
+                )
+
+
+def _settings(args: argparse.Namespace) -> CitadelSettings:
+    with _configuration_warnings():
+        return load_settings(args.config)
+
+
+def _open(settings: CitadelSettings) -> CitadelSessionStore:
+    with _configuration_warnings():
+        return open_existing_store(settings)
+
+
+def _sessions(args: argparse.Namespace) -> int:
+    with _open(_settings(args)) as store:
+        summaries = store.sessions()
+        path = store.path
+    if args.json:
+        print(json.dumps([_summary_dict(summary) for summary in summaries], indent=2))
+        return 0
+    if not summaries:
+        print(f"no sessions in {path}")
+        return 0
+    rows = [
+        (_shown_id(s.session_id), str(s.items), _utc(s.first_write), _utc(s.last_write))
+        for s in summaries
+    ]
+    header = ("SESSION", "ITEMS", "FIRST WRITE (UTC)", "LAST WRITE (UTC)")
+    width = max(len(row[0]) for row in [header, *rows])
+    items_width = max(len(row[1]) for row in [header, *rows])
+    for row in [header, *rows]:
+        print(f"{row[0]:<{width}}  {row[1]:>{items_width}}  {row[2]:<19}  {row[3]}")
+    total = sum(s.items for s in summaries)
+    print(f"{_count(len(summaries), 'session')}, {_count(total, 'item')} in {path}")
+    return 0
+
+
+def _summary_dict(summary: SessionSummary) -> dict[str, Any]:
+    return {
+        "session_id": summary.session_id,
+        "items": summary.items,
+        "first_write": summary.first_write.isoformat(),
+        "last_write": summary.last_write.isoformat(),
+    }
+
+
+def _export(args: argparse.Namespace) -> int:
+    with _open(_settings(args)) as store:
+        items = store.export(args.session_id)
+    # JSON Lines is UTF-8 whatever the terminal's locale, so bytes, not sys.stdout's encoding.
+    data = "".join(json.dumps(item, ensure_ascii=False) + "\n" for item in items).encode()
+    if args.out is None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return 0
+    out = Path(args.out).expanduser().absolute()
+    try:
+        # A transcript is personal data: only its owner reads it, and no file is replaced.
+        descriptor = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise _Refused(
+            f"refusing to overwrite {out}: choose a new file (an export never replaces one)"
+        ) from None
+    with open(descriptor, "wb") as file:
+        file.write(data)
+    print(f"exported {_count(len(items), 'item')} of session {args.session_id!r} to {out}")
+    return 0
+
+
+def _erase(args: argparse.Namespace) -> int:
+    session_ids = list(dict.fromkeys(args.session_ids))
+    with _open(_settings(args)) as store:
+        counts = {summary.session_id: summary.items for summary in store.sessions()}
+        unknown = [session_id for session_id in session_ids if session_id not in counts]
+        if unknown:
+            raise _Refused(
+                f"no session {', '.join(repr(u) for u in unknown)} with live items in "
+                f"{store.path}; nothing was erased. `python -m citadeldb_openai_agents "
+                "sessions` lists them."
+            )
+        if not args.yes:
+            _confirm_erasure(store.path, {session_id: counts[session_id] for session_id in session_ids})
+        erased_at = datetime.now(timezone.utc)
+        receipts = [(session_id, store.erase_session(session_id)) for session_id in session_ids]
+        path = store.path
+    if args.json:
+        print(json.dumps(
+            [_receipt_dict(session_id, erasure, path, erased_at) for session_id, erasure in receipts],
+            indent=2,
+        ))
+    else:
+        for session_id, erasure in receipts:
+            _print_receipt(session_id, erasure, path, erased_at)
+    unconfirmed = [session_id for session_id, erasure in receipts if not erasure.readback_confirmed]
+    if unconfirmed:
+        raise _Refused(
+            f"the readback did not confirm the erasure of {', '.join(map(repr, unconfirmed))}: "
+            "the keys were destroyed, but Citadel did not read every item back as missing. "
+            "Keep this receipt and run `python -m citadeldb_openai_agents verify`."
+        )
+    return 0
+
+
+def _confirm_erasure(path: str, counts: dict[str, int]) -> None:
+    if not sys.stdin.isatty():
+        raise _Refused("not erasing without a confirmation: stdin is not a terminal; pass --yes")
+    listed = ", ".join(f"{session_id!r} ({_count(count, 'item')})" for session_id, count in counts.items())
+    print(
+        f"Erase {_count(len(counts), 'session')} from {path}: {listed}?\n"
+        "Their keys are destroyed; this cannot be undone. [y/N] ",
+        end="", file=sys.stderr, flush=True,
+    )
+    try:
+        answer = sys.stdin.readline()
+    except KeyboardInterrupt:
+        answer = ""
+    if answer.strip().lower() not in ("y", "yes"):
+        raise _Refused("not confirmed; nothing was erased")
+
+
+def _receipt_dict(session_id: str, erasure: Erasure, path: str, erased_at: datetime) -> dict[str, Any]:
+    return {
+        "session_id": session_id,
+        "database": path,
+        "erased_at": erased_at.isoformat(),
+        "items_erased": erasure.items_erased,
+        "regions_dropped": erasure.regions_dropped,
+        "algorithm": erasure.algorithm,
+        "readback_confirmed": erasure.readback_confirmed,
+    }
+
+
+def _print_receipt(session_id: str, erasure: Erasure, path: str, erased_at: datetime) -> None:
+    readback = (
+        "yes (every erased item reads back as missing)" if erasure.readback_confirmed else "NO"
+    )
+    print(f"erased session {session_id!r} from {path} at {_utc(erased_at)} UTC")
+    print(f"  items erased:       {erasure.items_erased}")
+    print(f"  regions dropped:    {erasure.regions_dropped}")
+    print(f"  algorithm:          {erasure.algorithm} (keys destroyed)")
+    print(f"  readback confirmed: {readback}")
+
+
+def _purge(args: argparse.Namespace) -> int:
+    with _open(_settings(args)) as store:
+        erased = store.purge_expired()
+        path, ttl = store.path, store.ttl
+    note = "" if ttl is not None else " (ttl is unset: items written with this configuration never expire)"
+    print(f"erased {_count(erased, 'expired item')} from {path}{note}")
+    return 0
+
+
+def _rotate_key(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    current_key = settings.key.get_secret_value()
+    # Asked before the file is opened: the service stays stopped no longer than needed.
+    new_key, source = _new_passphrase(args)
+    if not new_key:
+        raise _Refused(f"the new passphrase (from {source}) is empty; nothing was changed")
+    if new_key == current_key:
+        raise _Refused(
+            f"the new passphrase (from {source}) is the current one; nothing was changed"
+        )
+    with _open(settings) as store:
+        store.rotate_key(current_key, new_key)
+        path = store.path
+    print(f"passphrase changed and verified for {path}: the new one opens it, the old one no longer does.")
+    print(
+        "next: the configuration still gives the old passphrase "
+        f"({settings.provenance('key').origin});\n"
+        "      put the new one there before the service restarts."
+    )
+    print("note: backups made before now open with the old passphrase only.")
+    return 0
+
+
+def _new_passphrase(args: argparse.Namespace) -> tuple[str, str]:
+    """The new passphrase and where it came from: --new-key-file, a variable, or a prompt."""
+    if args.new_key_file is not None:
+        return _key_file(args.new_key_file), f"--new-key-file {args.new_key_file}"
+    value, file = os.environ.get("CITADEL_NEW_KEY"), os.environ.get("CITADEL_NEW_KEY_FILE")
+    if value is not None and file is not None:
+        raise _Refused(
+            "the new passphrase is set twice, by CITADEL_NEW_KEY and by CITADEL_NEW_KEY_FILE; "
+            "unset one of them"
+        )
+    if value is not None:
+        return value, "CITADEL_NEW_KEY"
+    if file is not None:
+        return _key_file(file), f"CITADEL_NEW_KEY_FILE {file}"
+    if not sys.stdin.isatty():
+        raise _Refused(
+            "no new passphrase: pass --new-key-file PATH, set CITADEL_NEW_KEY or "
+            "CITADEL_NEW_KEY_FILE, or run on a terminal to be asked for it"
+        )
+    try:
+        new_key = getpass.getpass("New passphrase: ")
+        repeated = getpass.getpass("Repeat the new passphrase: ")
+    except (EOFError, KeyboardInterrupt):
+        raise _Refused("no new passphrase given; nothing was changed") from None
+    if new_key != repeated:
+        raise _Refused("the two passphrases differ; nothing was changed")
+    return new_key, "the prompt"
+
+
+def _key_file(path: str) -> str:
+    try:
+        with _configuration_warnings():
+            return read_key_file(path)
+    except ValueError as exc:
+        raise _Refused(f"{exc}; nothing was changed") from None
+
+
+def _backup(args: argparse.Namespace) -> int:
+    with _open(_settings(args)) as store:
+        written = store.backup(args.dest)
+        path = store.path
+    print(f"backed up {path} to {len(written)} files:")
+    for name in written:
+        print(f"  {name}  ({_human(os.path.getsize(name))})")
+    print("to restore: stop the service, then copy these files back together under the database's name.")
+    print("The copy opens with the passphrase of now; a later rotate-key does not change it.")
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    with _open(_settings(args)) as store:
+        report = store.verify()
+        path = store.path
+    if args.json:
+        print(json.dumps({"database": path, **_integrity_dict(report)}, indent=2))
+    else:
+        _print_integrity(path, report)
+    return 0 if report.ok else 1
+
+
+def _integrity_dict(report: IntegrityReport) -> dict[str, Any]:
+    return {
+        "ok": report.ok,
+        "pages_checked": report.pages_checked,
+        "page_errors": list(report.page_errors),
+        "item_verdicts": dict(report.item_verdicts),
+    }
+
+
+def _print_integrity(path: str, report: IntegrityReport) -> None:
+    print(f"database:      {path}")
+    print(f"pages checked: {report.pages_checked}")
+    print(f"page errors:   {len(report.page_errors) or 'none'}")
+    for error in report.page_errors:
+        print(f"  - {error}")
+    verdicts = ", ".join(f"{count} {verdict}" for verdict, count in sorted(report.item_verdicts.items()))
+    print(f"items:         {verdicts or 'none'}")
+    sys.stdout.flush()
+    if report.ok:
+        print("OK: no damage or tampering found.")
+        return
+    bad_items = sum(count for verdict, count in report.item_verdicts.items() if verdict != "authentic")
+    print(
+        f"verify: FAILED ({_count(len(report.page_errors), 'page error')}, "
+        f"{_count(bad_items, 'item')} not authentic). Restore the file and its companion files "
+        "from a backup.",
+        file=sys.stderr,
+    )
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
+def _utc(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _shown_id(session_id: str) -> str:
+    """An id as typed, unless control characters would garble the table."""
+    return session_id if session_id.isprintable() else repr(session_id)

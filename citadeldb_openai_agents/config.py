@@ -3,6 +3,7 @@
 Agent code says ``store = from_config()``; operators configure the rest (see
 `CitadelSettings`) and run ``python -m citadeldb_openai_agents check``, which
 calls `check_configuration` and loads the settings exactly as `from_config` does.
+The other operator commands open the store with `open_existing_store`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from agents.memory import SessionSettings
 
 from .database import resolve_path
 from .embedders import DEFAULT_MOCK_DIM, Embedder, resolve_embedder
-from .errors import CitadelSessionError
+from .errors import CitadelSessionError, DatabaseNotFoundError
 from .settings import (
     CitadelSettings,
     ConfigurationError,
@@ -63,6 +64,25 @@ def load_settings(config: ConfigSource = None, **overrides: Any) -> CitadelSetti
             )
         return config
     return CitadelSettings(_config_file=config, **overrides)
+
+
+def open_existing_store(config: ConfigSource = None) -> CitadelSessionStore:
+    """`from_config` for operator commands: the database must exist already.
+
+    A command run with a mistyped path would otherwise create an empty file and
+    report "no sessions" instead of the mistake.
+
+    Raises `DatabaseNotFoundError` naming the path and the setting it came from;
+    otherwise raises as `from_config` does.
+    """
+    settings = load_settings(config)
+    path = resolve_path(settings.path)
+    if not os.path.exists(path):
+        raise DatabaseNotFoundError(
+            f"there is no database at {path} (path from {settings.provenance('path').origin}); "
+            "operator commands never create one. Correct CITADEL_PATH / path, or pass --config."
+        )
+    return _open_store(settings, build_embedder(settings))
 
 
 # -- embedders ---------------------------------------------------------------------------

@@ -1,0 +1,544 @@
+"""The operator commands, run as operators run them: each in a subprocess against a real file.
+
+Refusals that need no second process (a missing --yes, a bad new passphrase, ...) call
+`cli.main` in the test's process instead: the same entry point, without the Agents
+SDK's few seconds of import per call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import io
+import json
+import os
+import pty
+import select
+import shutil
+import subprocess
+import sys
+import termios
+from pathlib import Path
+
+import pytest
+
+from citadeldb_openai_agents import CitadelSessionStore, WrongPassphraseError
+from citadeldb_openai_agents.cli import main
+
+PASSPHRASE = "correct horse battery staple 7f3a"
+NEW_PASSPHRASE = "new passphrase after rotation 2b9d"
+WRONG = "wrong passphrase 91c2e"
+SECRETS = (PASSPHRASE, NEW_PASSPHRASE, WRONG)
+TRANSCRIPT = [
+    {"role": "user", "content": "My dog is called Mochi.", "z": 0, "a": 1},
+    {"role": "assistant", "content": "Noted — Mochi ✓"},
+]
+OTHER = [{"role": "user", "content": "hello"}]
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.upper().startswith("CITADEL_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    # In-process commands see no terminal, whatever runs pytest.
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+
+
+@pytest.fixture
+def database(tmp_path: Path) -> Path:
+    """A file as a service leaves it: two sessions, written and closed by the library.
+
+    Made with the fast KDF and without fsync (a test needs no durability), which the file keeps.
+    """
+    path = tmp_path / "agent.cdl"
+    with CitadelSessionStore(path, PASSPHRASE, argon2_profile="iot", sync_mode="off") as store:
+        asyncio.run(store.session("user-123").add_items(TRANSCRIPT))
+        asyncio.run(store.session("user-456").add_items(OTHER))
+    return path
+
+
+def environment(path: Path, **variables: str | None) -> dict[str, str]:
+    """The command's variables: the file, its passphrase, the fast KDF; None unsets one."""
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("CITADEL_")}
+    env |= {"CITADEL_PATH": str(path), "CITADEL_KEY": PASSPHRASE, "CITADEL_ARGON2_PROFILE": "iot"}
+    env |= variables
+    return {k: v for k, v in env.items() if v is not None}
+
+
+def command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "citadeldb_openai_agents", *args]
+
+
+def run(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        command(*args), env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        timeout=120,
+    )
+    assert_readable(done.stdout, done.stderr)
+    return done
+
+
+def assert_readable(*outputs: str) -> None:
+    """Every command, on success or failure: no passphrase, no traceback."""
+    for output in outputs:
+        for secret in SECRETS:
+            assert secret not in output
+        assert "Traceback" not in output
+
+
+def run_here(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, path: Path,
+    *args: str, **variables: str | None,
+) -> tuple[int, str, str]:
+    for name, value in environment(path, **variables).items():
+        monkeypatch.setenv(name, value)
+    for name, value in variables.items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    assert_readable(out, err)
+    return code, out, err
+
+
+def on_terminal(
+    *args: str, env: dict[str, str], prompt: bytes, replies: list[str]
+) -> subprocess.CompletedProcess[str]:
+    """Run a command whose stdin and controlling terminal are a pseudo-terminal, typing
+    each reply once `prompt` shows on the terminal (getpass discards typed-ahead input)."""
+    main_end, command_end = pty.openpty()
+
+    def take_the_terminal() -> None:
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    process = subprocess.Popen(
+        command(*args), env=env, stdin=command_end, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, preexec_fn=take_the_terminal,
+    )
+    os.close(command_end)
+    try:
+        for reply in replies:
+            shown = b""
+            while not shown.endswith(prompt):
+                ready, _, _ = select.select([main_end], [], [], 60)
+                assert ready, f"no prompt on the terminal; it shows {shown!r}"
+                shown += os.read(main_end, 1024)
+            os.write(main_end, reply.encode() + b"\n")
+        out, err = process.communicate(timeout=120)
+    finally:
+        os.close(main_end)
+    assert_readable(out, err)
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+# -- sessions, export, erase ------------------------------------------------------------------
+
+
+def test_sessions_lists_every_session_with_its_count_and_write_times(database: Path) -> None:
+    table = run("sessions", env=environment(database))
+
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].split() == ["SESSION", "ITEMS", "FIRST", "WRITE", "(UTC)", "LAST", "WRITE", "(UTC)"]
+    assert lines[1].split()[:2] == ["user-123", "2"] and lines[2].split()[:2] == ["user-456", "1"]
+    assert lines[-1] == f"2 sessions, 3 items in {database}"
+
+
+def test_sessions_json_gives_iso_times_in_utc(
+    database: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    code, out, _ = run_here(capsys, monkeypatch, database, "sessions", "--json")
+    assert code == 0
+    rows = json.loads(out)
+    assert [(row["session_id"], row["items"]) for row in rows] == [("user-123", 2), ("user-456", 1)]
+    assert rows[0]["first_write"] <= rows[0]["last_write"]
+    assert rows[0]["first_write"].endswith("+00:00")
+
+
+def test_export_then_erase_then_export_shows_nothing(database: Path) -> None:
+    env = environment(database)
+    exported = run("export", "user-123", env=env)
+    erased = run("erase", "user-123", "--yes", env=env)
+    again = run("export", "user-123", env=env)
+
+    assert exported.returncode == 0, exported.stderr
+    lines = exported.stdout.splitlines()
+    assert [json.loads(line) for line in lines] == TRANSCRIPT
+    assert list(json.loads(lines[0])) == ["role", "content", "z", "a"]
+    assert "Noted — Mochi ✓" in lines[1]
+    assert erased.returncode == 0, erased.stderr
+    assert f"erased session 'user-123' from {database}" in erased.stdout
+    assert "items erased:       2" in erased.stdout
+    assert "algorithm:          AES-256-KW" in erased.stdout
+    assert "readback confirmed: yes" in erased.stdout
+    assert again.returncode == 1
+    assert again.stdout == ""
+    assert "error: no session 'user-123'" in again.stderr
+
+
+def test_export_out_writes_a_file_only_its_owner_reads_and_never_overwrites(
+    database: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    out = tmp_path / "user-123.jsonl"
+    code, stdout, _ = run_here(capsys, monkeypatch, database, "export", "user-123", "--out", str(out))
+    assert code == 0
+    assert f"exported 2 items of session 'user-123' to {out}" in stdout
+    assert [json.loads(line) for line in out.read_text("utf-8").splitlines()] == TRANSCRIPT
+    assert out.stat().st_mode & 0o777 == 0o600
+
+    code, _, err = run_here(capsys, monkeypatch, database, "export", "user-456", "--out", str(out))
+    assert code == 1 and "refusing to overwrite" in err
+    assert [json.loads(line) for line in out.read_text("utf-8").splitlines()] == TRANSCRIPT
+
+
+def test_erase_prints_a_json_receipt_per_session(
+    database: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    code, out, _ = run_here(
+        capsys, monkeypatch, database, "erase", "user-123", "user-456", "--yes", "--json"
+    )
+    assert code == 0
+    receipts = json.loads(out)
+    assert [(r["session_id"], r["items_erased"], r["readback_confirmed"]) for r in receipts] == [
+        ("user-123", 2, True), ("user-456", 1, True),
+    ]
+    assert receipts[0]["algorithm"].startswith("AES-256-KW")
+    assert receipts[0]["database"] == str(database)
+    with CitadelSessionStore(database, PASSPHRASE) as store:
+        assert store.sessions() == []
+
+
+def test_erase_checks_every_id_first_and_erases_nothing_if_one_is_unknown(
+    database: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    code, out, err = run_here(
+        capsys, monkeypatch, database, "erase", "user-123", "nobody", "--yes"
+    )
+    assert code == 1 and out == ""
+    assert "error: no session 'nobody'" in err and "nothing was erased" in err
+    with CitadelSessionStore(database, PASSPHRASE) as store:
+        assert [s.session_id for s in store.sessions()] == ["user-123", "user-456"]
+
+
+def test_erase_without_a_terminal_needs_yes(
+    database: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    code, _, err = run_here(capsys, monkeypatch, database, "erase", "user-123")
+    assert code == 1
+    assert "stdin is not a terminal; pass --yes" in err
+    with CitadelSessionStore(database, PASSPHRASE) as store:
+        assert store.export("user-123") == TRANSCRIPT
+
+
+class Terminal(io.StringIO):
+    """What an operator types at a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(("typed", "erased"), [("y\n", True), ("n\n", False), ("", False)])
+def test_erase_asks_on_a_terminal_and_erases_only_on_yes(
+    database: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    typed: str, erased: bool,
+) -> None:
+    monkeypatch.setattr(sys, "stdin", Terminal(typed))
+    code, out, err = run_here(capsys, monkeypatch, database, "erase", "user-123")
+
+    assert f"Erase 1 session from {database}: 'user-123' (2 items)?" in err and "[y/N]" in err
+    assert code == (0 if erased else 1)
+    assert ("items erased:       2" in out) is erased
+    assert ("nothing was erased" in err) is not erased
+    with CitadelSessionStore(database, PASSPHRASE) as store:
+        assert ("user-123" in store.session_ids()) is not erased
+
+
+# -- purge ------------------------------------------------------------------------------------
+
+
+def test_purge_erases_expired_items_and_prints_how_many(tmp_path: Path) -> None:
+    path = tmp_path / "agent.cdl"
+    with CitadelSessionStore(
+        path, PASSPHRASE, argon2_profile="iot", sync_mode="off", ttl=0.001
+    ) as store:
+        asyncio.run(store.session("short-lived").add_items(TRANSCRIPT))
+    # The items expired a millisecond after their write, long before the command starts.
+    purged = run("purge", env=environment(path, CITADEL_TTL="7d"))
+
+    assert purged.returncode == 0, purged.stderr
+    assert purged.stdout == f"erased 2 expired items from {path}\n"
+    with CitadelSessionStore(path, PASSPHRASE) as store:
+        assert store.purge_expired() == 0
+
+
+# -- rotate-key -------------------------------------------------------------------------------
+
+
+def test_rotate_then_reopen_with_each_passphrase(database: Path) -> None:
+    rotated = run("rotate-key", env=environment(database, CITADEL_NEW_KEY=NEW_PASSPHRASE))
+
+    assert rotated.returncode == 0, rotated.stderr
+    assert "passphrase changed and verified" in rotated.stdout
+    assert "environment variable CITADEL_KEY" in rotated.stdout  # where to put the new one
+    with pytest.raises(WrongPassphraseError):
+        CitadelSessionStore(database, PASSPHRASE)
+    with CitadelSessionStore(database, NEW_PASSPHRASE) as store:
+        assert store.export("user-123") == TRANSCRIPT
+        assert store.export("user-456") == OTHER
+
+
+@pytest.mark.parametrize("option", [True, False])
+def test_rotate_key_reads_the_new_passphrase_from_a_file(
+    database: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch, option: bool,
+) -> None:
+    key_file = tmp_path / "new.key"
+    key_file.write_text(NEW_PASSPHRASE + "\n")
+    key_file.chmod(0o600)
+    if option:
+        code, _, err = run_here(
+            capsys, monkeypatch, database, "rotate-key", "--new-key-file", str(key_file)
+        )
+    else:
+        code, _, err = run_here(
+            capsys, monkeypatch, database, "rotate-key", CITADEL_NEW_KEY_FILE=str(key_file)
+        )
+    assert code == 0, err
+    with CitadelSessionStore(database, NEW_PASSPHRASE) as store:
+        assert store.export("user-123") == TRANSCRIPT
+
+
+@pytest.mark.parametrize(
+    ("variables", "message"),
+    [
+        ({}, "no new passphrase: pass --new-key-file PATH"),
+        ({"CITADEL_NEW_KEY": ""}, "the new passphrase (from CITADEL_NEW_KEY) is empty"),
+        ({"CITADEL_NEW_KEY": PASSPHRASE}, "is the current one"),
+        ({"CITADEL_NEW_KEY": NEW_PASSPHRASE, "CITADEL_NEW_KEY_FILE": "new.key"}, "set twice"),
+        ({"CITADEL_NEW_KEY_FILE": "missing.key"}, "missing.key does not exist"),
+        ({"CITADEL_NEW_KEY": NEW_PASSPHRASE, "CITADEL_KEY": WRONG}, "wrong passphrase"),
+    ],
+)
+def test_rotate_key_refusals_change_nothing(
+    database: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    variables: dict[str, str], message: str,
+) -> None:
+    code, out, err = run_here(capsys, monkeypatch, database, "rotate-key", **variables)
+    assert code == 1 and out == ""
+    assert message in err
+    with CitadelSessionStore(database, PASSPHRASE) as store:
+        assert store.export("user-123") == TRANSCRIPT
+
+
+def test_rotate_key_asks_twice_on_the_terminal_without_echo(database: Path) -> None:
+    rotated = on_terminal(
+        "rotate-key", env=environment(database), prompt=b"passphrase: ",
+        replies=[NEW_PASSPHRASE, NEW_PASSPHRASE],
+    )
+
+    assert rotated.returncode == 0, rotated.stderr
+    with CitadelSessionStore(database, NEW_PASSPHRASE) as store:
+        assert store.export("user-123") == TRANSCRIPT
+
+
+def test_rotate_key_refuses_two_different_answers_at_the_prompt(
+    database: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    answers = iter([NEW_PASSPHRASE, "a typo"])
+    monkeypatch.setattr(sys, "stdin", Terminal())
+    monkeypatch.setattr("getpass.getpass", lambda prompt: next(answers))
+    code, _, err = run_here(capsys, monkeypatch, database, "rotate-key")
+    assert code == 1 and "the two passphrases differ; nothing was changed" in err
+
+
+# -- backup -----------------------------------------------------------------------------------
+
+
+def test_backup_then_restore_then_read(database: Path, tmp_path: Path) -> None:
+    (tmp_path / "backups").mkdir()
+    dest = tmp_path / "backups" / "agent.cdl"
+    env = environment(database)
+    backed_up = run("backup", str(dest), env=env)
+    assert backed_up.returncode == 0, backed_up.stderr
+    written = [Path(line.split()[0]) for line in backed_up.stdout.splitlines() if line.startswith("  ")]
+    assert written[0] == dest and len(written) >= 3
+    assert all(name.name.startswith("agent.cdl.citadel-") for name in written[1:])
+
+    # The disk is lost: every file of the database goes, the backup's files come back.
+    for lost in [database, *tmp_path.glob("agent.cdl.citadel-*")]:
+        lost.unlink()
+    for name in written:
+        shutil.copy(name, tmp_path / name.name)
+    with CitadelSessionStore(database, PASSPHRASE) as restored:
+        assert restored.export("user-123") == TRANSCRIPT
+        assert restored.export("user-456") == OTHER
+
+
+def test_backup_refuses_an_existing_destination_or_a_missing_directory(
+    database: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    taken = tmp_path / "taken.cdl"
+    Path(f"{taken}.citadel-keys").write_text("someone else's")
+    code, _, err = run_here(capsys, monkeypatch, database, "backup", str(taken))
+    assert code == 1 and "refusing to overwrite" in err and not taken.exists()
+
+    code, _, err = run_here(capsys, monkeypatch, database, "backup", str(tmp_path / "no" / "x.cdl"))
+    assert code == 1 and "does not exist" in err
+
+
+# -- verify -----------------------------------------------------------------------------------
+
+
+def tampered_copy(database: Path, tmp_path: Path, offset: int = 4096 + 512) -> Path:
+    """A backup of the file with 64 bytes inverted at `offset`.
+
+    The default is inside Citadel's first page after its 4 KiB header: damage there is
+    found by the integrity check, not by opening the file (measured on citadeldb 2.7.0).
+    """
+    (tmp_path / "copy").mkdir()
+    copy = tmp_path / "copy" / "agent.cdl"
+    with CitadelSessionStore(database, PASSPHRASE) as store:
+        store.backup(copy)
+    with copy.open("r+b") as file:
+        file.seek(offset)
+        original = file.read(64)
+        file.seek(offset)
+        file.write(bytes(byte ^ 0xFF for byte in original))
+    return copy
+
+
+def test_verify_an_intact_file_exits_0(
+    database: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    code, out, _ = run_here(capsys, monkeypatch, database, "verify")
+    assert code == 0
+    assert "page errors:   none" in out
+    assert "items:         3 authentic" in out
+    assert "OK: no damage or tampering found." in out
+
+
+def test_verify_a_tampered_copy_exits_1_with_a_report(database: Path, tmp_path: Path) -> None:
+    verified = run("verify", env=environment(tampered_copy(database, tmp_path)))
+
+    assert verified.returncode == 1
+    assert f"database:      {tmp_path / 'copy' / 'agent.cdl'}" in verified.stdout
+    assert "page errors:   1" in verified.stdout
+    assert "contents were altered" in verified.stdout
+    assert "verify: FAILED" in verified.stderr and "from a backup" in verified.stderr
+
+
+def test_verify_json_reports_the_damage(
+    database: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    code, out, _ = run_here(capsys, monkeypatch, tampered_copy(database, tmp_path), "verify", "--json")
+    assert code == 1
+    report = json.loads(out)
+    assert report["ok"] is False and len(report["page_errors"]) == 1
+    assert report["item_verdicts"] == {"authentic": 3}
+
+
+def test_verify_a_file_too_damaged_to_open_exits_1_with_a_readable_message(
+    database: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    copy = tampered_copy(database, tmp_path, offset=0)
+    code, _, err = run_here(capsys, monkeypatch, copy, "verify")
+    assert code == 1
+    assert f"error: {copy} is damaged" in err
+    assert "restore the file and its companion files from a backup" in err
+
+
+# -- errors shared by every command -----------------------------------------------------------
+
+
+def test_a_file_held_by_another_process_explains_who_owns_it(database: Path) -> None:
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import citadeldb, os, sys\n"
+         "db = citadeldb.connect(sys.argv[1], key=os.environ['HOLDER_KEY'], region_keys=True)\n"
+         "print('ready', flush=True)\n"
+         "sys.stdin.read()\n",
+         str(database)],
+        env=environment(database, HOLDER_KEY=PASSPHRASE), stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
+        erased = run("erase", "user-123", "--yes", env=environment(database))
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=60)
+
+    assert erased.returncode == 1
+    assert "one process owns a Citadel file at a time" in erased.stderr
+    assert "stop the service that owns the file" in erased.stderr
+    assert "store.erase_session(session_id)" in erased.stderr
+    with CitadelSessionStore(database, PASSPHRASE) as store:
+        assert store.export("user-123") == TRANSCRIPT
+
+
+def test_a_missing_database_is_reported_and_not_created(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    missing = tmp_path / "typo.cdl"
+    code, _, err = run_here(capsys, monkeypatch, missing, "sessions")
+    assert code == 1
+    assert f"error: there is no database at {missing}" in err
+    assert "environment variable CITADEL_PATH" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_configuration_problems_are_all_listed_and_exit_1(
+    database: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    code, out, err = run_here(
+        capsys, monkeypatch, database, "verify", CITADEL_KEY=None, CITADEL_TTL="soon"
+    )
+    assert code == 1 and out == ""
+    assert "error: the configuration is not usable (2 problems)" in err
+    assert "check` shows every setting" in err
+
+
+def test_config_names_the_toml_file_as_check_does(
+    database: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    (tmp_path / "etc").mkdir()
+    toml = tmp_path / "etc" / "citadel.toml"
+    toml.write_text(f'path = "{database}"\nargon2_profile = "iot"\n')
+    code, out, _ = run_here(
+        capsys, monkeypatch, database, "sessions", "--json", "--config", str(toml),
+        CITADEL_PATH=None,
+    )
+    assert code == 0
+    assert [row["session_id"] for row in json.loads(out)] == ["user-123", "user-456"]
+
+
+def test_a_key_file_others_can_read_is_warned_about_and_still_used(
+    database: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    key_file = tmp_path / "citadel.key"
+    key_file.write_text(PASSPHRASE + "\n")
+    key_file.chmod(0o644)
+    code, _, err = run_here(
+        capsys, monkeypatch, database, "sessions", CITADEL_KEY=None, CITADEL_KEY_FILE=str(key_file)
+    )
+    assert code == 0
+    assert err.startswith("warning: ") and str(key_file) in err
+
+
+def test_a_wrong_passphrase_exits_1(
+    database: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    code, out, err = run_here(capsys, monkeypatch, database, "sessions", CITADEL_KEY=WRONG)
+    assert code == 1 and out == ""
+    assert "error: wrong passphrase for" in err
+
+
+@pytest.mark.parametrize("args", [["export"], ["erase"], ["backup"], ["sessions", "--bogus"]])
+def test_a_usage_error_exits_2(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(args)
+    assert exited.value.code == 2
