@@ -17,7 +17,13 @@ from typing import Any
 
 import citadeldb
 
-from .config import CheckReport, check_configuration, load_settings, open_existing_store
+from .config import (
+    CheckReport,
+    check_configuration,
+    load_settings,
+    open_existing_store,
+    reembed_from_config,
+)
 from .errors import CitadelSessionError, CorruptDatabaseError, DatabaseLockedError
 from .layout import Erasure
 from .settings import CitadelSettings, ConfigurationError, ConfigurationWarning, read_key_file
@@ -135,6 +141,13 @@ def _add_operations(commands: Any) -> None:
     )
     backup.add_argument("dest", metavar="DEST", help="the new database file to write")
     backup.set_defaults(run=_backup)
+
+    add(
+        "reembed", "re-embed the stored text with the configured embedder, keeping every item",
+        "citadeldb_openai_agents.reembed(path, key, embedder)",
+        "The fix when the file's items were embedded with another model than the configured "
+        "one (EmbedderMismatchError). If interrupted, run it again.",
+    ).set_defaults(run=_reembed)
 
     add(
         "verify", "check every page and item for damage or tampering",
@@ -438,6 +451,16 @@ def _purge(args: argparse.Namespace) -> int:
         path, ttl = store.path, store.ttl
     note = "" if ttl is not None else " (ttl is unset: items written with this configuration never expire)"
     print(f"erased {_count(erased, 'expired item')} from {path}{note}")
+    return 0
+
+
+def _reembed(args: argparse.Namespace) -> int:
+    with _configuration_warnings():
+        summary = reembed_from_config(args.config)
+    print(
+        f"re-embedded {_count(summary.items, 'item')} in {_count(summary.regions, 'region')} "
+        f"with {summary.model_id}; every item was kept"
+    )
     return 0
 
 

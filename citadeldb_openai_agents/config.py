@@ -31,7 +31,7 @@ from .settings import (
     Origin,
     closest,
 )
-from .store import CitadelSessionStore
+from .store import CitadelSessionStore, ReembedSummary, reembed
 
 ConfigSource = str | os.PathLike[str] | CitadelSettings | None
 EmbedderBuilder = Callable[[EmbedderSettings], Any]
@@ -83,6 +83,17 @@ def open_existing_store(config: ConfigSource = None) -> CitadelSessionStore:
             "operator commands never create one. Correct CITADEL_PATH / path, or pass --config."
         )
     return _open_store(settings, build_embedder(settings))
+
+
+def reembed_from_config(config: ConfigSource = None) -> ReembedSummary:
+    """`reembed` the configured file with the configured embedder (the fix for a model change)."""
+    settings = load_settings(config)
+    path = resolve_path(settings.path)
+    if not os.path.exists(path):
+        raise DatabaseNotFoundError(
+            f"there is no database at {path} (path from {settings.provenance('path').origin}) to re-embed."
+        )
+    return reembed(path, settings.key.get_secret_value(), build_embedder(settings))
 
 
 # -- embedders ---------------------------------------------------------------------------

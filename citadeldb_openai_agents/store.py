@@ -203,6 +203,8 @@ class CitadelSessionStore:
         """
         self._check_open()
         _database.check_passphrase(new_key)
+        if new_key == current_key:
+            raise ValueError("the new passphrase is the current one; choose a different one.")
 
         def rotate(db: citadeldb.Database) -> bool:
             if not db.verify_passphrase(current_key):

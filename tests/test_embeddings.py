@@ -137,3 +137,27 @@ async def test_real_model_finds_an_answer_sharing_no_word(make_store) -> None:
     ])
     hits = await session.search("why did the release break?", limit=1)
     assert hits == [{"role": "assistant", "content": "The deployment failed because the disk was full."}]
+
+
+def test_reembed_command_applies_the_configured_embedder(tmp_path: Path, key: str) -> None:
+    import asyncio
+    import os
+    import subprocess
+
+    path = tmp_path / "agent.cdl"
+
+    async def fill() -> None:
+        with CitadelSessionStore(path, key, argon2_profile="iot") as store:
+            await store.session("s").add_items([{"content": "kept through reembed"}])
+
+    asyncio.run(fill())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CITADEL_")}
+    env.update(CITADEL_PATH=str(path), CITADEL_KEY=key, CITADEL_EMBEDDER__DIM="48")
+    command = [sys.executable, "-m", "citadeldb_openai_agents"]
+    listed = subprocess.run([*command, "sessions"], env=env, capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 1 and "reembed" in listed.stderr
+    done = subprocess.run([*command, "reembed"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "re-embedded 1 item" in done.stdout and key not in done.stdout + done.stderr
+    listed = subprocess.run([*command, "export", "s"], env=env, capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0 and "kept through reembed" in listed.stdout
