@@ -1,5 +1,8 @@
 """Encrypted, embedded conversation memory for the OpenAI Agents SDK, stored in Citadel."""
 
+from typing import TYPE_CHECKING, Any
+
+
 from .config import from_config
 from .embedders import Embedder, EmbedderIdentity, LegacyEmbedderAdapter
 from .errors import (
@@ -16,7 +19,6 @@ from .errors import (
     WrongPassphraseError,
 )
 from .layout import Erasure
-from .session import CitadelSession
 from .settings import CitadelSettings, ConfigurationError
 from .sentence_embedder import SentenceTransformerEmbedder
 from .store import (
@@ -55,3 +57,15 @@ __all__ = [
     "reembed",
 ]
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from .session import CitadelSession
+
+
+def __getattr__(name: str) -> Any:
+    # CitadelSession loads the Agents SDK (seconds); the operator CLI never needs it.
+    if name == "CitadelSession":
+        from .session import CitadelSession
+
+        return CitadelSession
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

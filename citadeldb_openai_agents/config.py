@@ -18,7 +18,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import citadeldb
-from agents.memory import SessionSettings
 
 from .database import resolve_path
 from .embedders import DEFAULT_MOCK_DIM, Embedder, resolve_embedder
@@ -83,6 +82,13 @@ def open_existing_store(config: ConfigSource = None) -> CitadelSessionStore:
             "operator commands never create one. Correct CITADEL_PATH / path, or pass --config."
         )
     return _open_store(settings, build_embedder(settings))
+
+
+def _session_settings(limit: int) -> Any:
+    # Imported here: loading the Agents SDK costs seconds the operator commands never need.
+    from agents.memory import SessionSettings
+
+    return SessionSettings(limit=limit)
 
 
 def reembed_from_config(config: ConfigSource = None) -> ReembedSummary:
@@ -238,7 +244,7 @@ def _open_store(settings: CitadelSettings, embedder: Embedder) -> CitadelSession
         settings.key.get_secret_value(),
         embedder=embedder,
         ttl=settings.ttl,
-        session_settings=None if limit is None else SessionSettings(limit=limit),
+        session_settings=None if limit is None else _session_settings(limit),
         argon2_profile=settings.argon2_profile,
         sync_mode=settings.sync_mode,
     )

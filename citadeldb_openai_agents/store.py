@@ -14,7 +14,6 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import citadeldb
-from agents.memory import SessionSettings
 
 from . import database as _database
 from .embedders import EmbedderIdentity, resolve_embedder
@@ -31,6 +30,9 @@ from .items import decode_item, encode_item, search_text
 from .layout import Erasure, SessionLayout, SessionState, reembed_file
 
 if TYPE_CHECKING:
+    # Imported for annotations only: the operator CLI never needs the Agents SDK loaded.
+    from agents.memory import SessionSettings
+
     from .session import CitadelSession
 
 T = TypeVar("T")
