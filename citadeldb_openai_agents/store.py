@@ -26,7 +26,7 @@ from .errors import (
     SessionNotFoundError,
     WrongPassphraseError,
 )
-from .items import decode_item, encode_item, search_text
+from .items import decode_item, decode_items, encode_item, search_text
 from .layout import Erasure, SessionLayout, SessionState, reembed_file
 
 if TYPE_CHECKING:
@@ -320,7 +320,7 @@ class CitadelSessionStore:
             payloads = self._on_session(state, SessionLayout.all_items)
         else:
             payloads = self._on_session(state, SessionLayout.newest, limit)
-        return [decode_item(payload) for payload in payloads]
+        return decode_items(payloads)
 
     def _pop_item(self, session_id: str) -> Any | None:
         payload = self._on_session(self._state(session_id), SessionLayout.pop)
@@ -331,7 +331,7 @@ class CitadelSessionStore:
 
     def _search(self, session_id: str, query: str, limit: int) -> list[Any]:
         payloads = self._on_session(self._state(session_id), SessionLayout.search, query, limit)
-        return [decode_item(payload) for payload in payloads]
+        return decode_items(payloads)
 
 
 @dataclass(frozen=True)
