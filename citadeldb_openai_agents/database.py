@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import citadeldb
 
 from .errors import (
+    CitadelSessionError,
     CorruptDatabaseError,
     DatabaseLockedError,
     DatabaseNotFoundError,
@@ -114,7 +115,16 @@ class OpenDatabase:
             opened.set_exception(translate_open_error(exc, self.path))
             return
         del key
-        opened.set_result((db, db.memory()))
+        try:
+            _refuse_lost_region_keys(db, self.path)
+            # Opening the memory engine reads pages: a damaged file can fail here, after
+            # connect succeeded. The opener must get the error, and the file its lock back.
+            memory = _MemoryHandle(db.memory(), self.path)
+        except BaseException as exc:
+            db.close()
+            opened.set_exception(translate_open_error(exc, self.path))
+            return
+        opened.set_result((db, memory))
         while True:
             call = self._calls.get()
             if call is None:
@@ -142,6 +152,16 @@ class OpenDatabase:
             self._in_flight += 1
         try:
             yield self.memory
+        except citadeldb.CitadelError as exc:
+            translated = translate_storage_error(exc, self.path)
+            if translated is exc:
+                raise
+            try:
+                raise translated from exc
+            finally:
+                # Else this frame and the error hold each other (and, through the
+                # traceback, `memory`): the file would stay locked until a gc pass.
+                del translated
         finally:
             with self._idle:
                 self._in_flight -= 1
@@ -176,7 +196,8 @@ class OpenDatabase:
             result.result()
         finally:
             self._thread.join()
-            # Citadel keeps the file lock until every Memory handle is collected too.
+            # Citadel keeps the file lock until every Memory object is collected too.
+            self.memory.release()
             self.memory = None  # type: ignore[assignment]
             self._db = None  # type: ignore[assignment]
             gc.collect()
@@ -190,9 +211,53 @@ class OpenDatabase:
         return f"<OpenDatabase {self.path!r} {state}>"
 
 
+class _MemoryHandle:
+    """The file's `Memory`, handed to every operation in its place.
+
+    Citadel keeps a file locked until every `Memory` object of it is collected, and
+    an error's traceback keeps the frames of the failed operation (with their
+    ``memory`` argument) alive as long as the error lives, often in a reference
+    cycle only a gc pass frees. Operations hold this handle instead, so closing
+    the file drops the one real reference whatever errors are still around: the
+    lock is released at once, and a reopen in this process reads the file afresh.
+    """
+
+    __slots__ = ("_memory", "_path")
+
+    def __init__(self, memory: citadeldb.memory.Memory, path: str) -> None:
+        self._memory: citadeldb.memory.Memory | None = memory
+        self._path = path
+
+    def __getattr__(self, name: str) -> Any:
+        if self._memory is None:
+            raise SessionClosedError(f"{self._path} is closed")
+        return getattr(self._memory, name)
+
+    def release(self) -> None:
+        self._memory = None
+
+
+COMPANION_SUFFIXES = (".citadel-keys", ".citadel-regions", ".citadel-atomkeys")
+
+
 def translate_open_error(exc: BaseException, path: str) -> BaseException:
     """Turn citadeldb's errors on open into ours, each naming the cause and the fix."""
     message = str(exc).lower()
+    if isinstance(exc, CitadelSessionError):
+        return exc
+    if isinstance(exc, citadeldb.IntegrityError) or (
+        # A file shorter than Citadel's header: truncated, or not a Citadel file at all.
+        isinstance(exc, citadeldb.OperationalError) and "fill whole buffer" in message
+    ):
+        return _corrupt(path, exc)
+    if os.path.isdir(path):
+        return DatabaseNotFoundError(
+            f"{path} is a directory, not a Citadel file: pass the path of the database file "
+            f"inside it (e.g. {os.path.join(path, 'agent.cdl')})."
+        )
+    missing = _missing_companions(path, COMPANION_SUFFIXES[:1])
+    if missing:
+        return _companions_missing(path, missing)
     if isinstance(exc, citadeldb.EncryptionError):
         return WrongPassphraseError(
             f"wrong passphrase for {path}: it does not decrypt this file. Check CITADEL_KEY / "
@@ -203,10 +268,11 @@ def translate_open_error(exc: BaseException, path: str) -> BaseException:
             f"{path} is held by another process: one process owns a Citadel file at a time. "
             "Stop the other process (or run this work inside it through its store), then retry."
         )
-    if isinstance(exc, citadeldb.IntegrityError):
-        return CorruptDatabaseError(
-            f"{path} is damaged ({exc}). Run `python -m citadeldb_openai_agents verify` for a "
-            "report, and restore the file and its companion files from a backup."
+    if isinstance(exc, citadeldb.OperationalError) and "its database does not" in message:
+        return DatabaseNotFoundError(
+            f"{path} does not exist, but its companion files do: the database file was deleted "
+            "or moved without them. Restore it from a backup, or move the companion files "
+            f"({path}.citadel-*) aside to create a new database here."
         )
     if isinstance(exc, (FileNotFoundError, citadeldb.CitadelError)) and (
         "no such file" in message or "not found" in message or "missing" in message
@@ -216,3 +282,62 @@ def translate_open_error(exc: BaseException, path: str) -> BaseException:
             "(.citadel-keys, -regions, -atomkeys); restore them together from a backup."
         )
     return exc
+
+
+def _refuse_lost_region_keys(db: citadeldb.Database, path: str) -> None:
+    """Refuse a file whose regions exist but whose ``-regions`` key file is gone.
+
+    Measured on citadeldb 2.7.0: `Database.memory()` then treats every region as
+    forgotten and rewrites the file and ``-atomkeys``, so restoring the lost file
+    afterwards no longer brings the data back. A fresh file has no regions yet (and
+    no ``-regions`` file), which is why the region table is asked first.
+    """
+    keys = path + ".citadel-regions"
+    if os.path.exists(keys):
+        return
+    try:
+        regions = db.query("SELECT count(*) FROM memory_regions").rows[0][0]
+    except citadeldb.ProgrammingError:  # the memory engine never ran on this file
+        return
+    if regions:
+        raise _companions_missing(path, [keys])
+
+
+def translate_storage_error(exc: BaseException, path: str) -> BaseException:
+    """Turn citadeldb's errors on a file in use into ours: damage, or a lost companion file.
+
+    Citadel checks a page's MAC when it reads the page, so damage can surface on any
+    read or write, long after the file opened; a missing ``-regions`` or ``-atomkeys``
+    file surfaces as the first region or atom is touched.
+    """
+    if isinstance(exc, citadeldb.IntegrityError):
+        return _corrupt(path, exc)
+    # Both read as "this region's keys are gone"; a fresh file lacks these files legitimately
+    # only until its first region is created, which the layout does on the first open.
+    missing = _missing_companions(path, COMPANION_SUFFIXES)
+    if missing and isinstance(exc, (citadeldb.EncryptionError, citadeldb.DataError)):
+        return _companions_missing(path, missing)
+    return exc
+
+
+def _corrupt(path: str, exc: BaseException) -> CorruptDatabaseError:
+    return CorruptDatabaseError(
+        f"{path} is damaged or is not a Citadel database ({exc}). Run "
+        "`python -m citadeldb_openai_agents verify` for a report, and restore the file and "
+        "its companion files from a backup."
+    )
+
+
+def _missing_companions(path: str, suffixes: tuple[str, ...]) -> list[str]:
+    if not os.path.isfile(path):
+        return []
+    return [path + suffix for suffix in suffixes if not os.path.exists(path + suffix)]
+
+
+def _companions_missing(path: str, missing: list[str]) -> DatabaseNotFoundError:
+    return DatabaseNotFoundError(
+        f"cannot use {path}: its companion file{'s' if len(missing) > 1 else ''} "
+        f"{', '.join(missing)} {'are' if len(missing) > 1 else 'is'} missing, and the data "
+        "cannot be decrypted without it. Restore the file and all its companion files "
+        "together from the same backup."
+    )

@@ -1,0 +1,267 @@
+"""Secrets: the passphrase never shows, whatever happens.
+
+Not in an exception (its message, repr, or any error it was raised from), not in a
+repr, not in a log record at DEBUG from any logger, not in anything written to the
+process's stdout or stderr (the engine's included), and not in any CLI output:
+on the success path and on every failure path a user can reach.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+
+import citadeldb
+import pytest
+
+from citadeldb_openai_agents import (
+    CitadelSession,
+    CitadelSessionError,
+    CitadelSessionStore,
+    DatabaseLockedError,
+    EmptyPassphraseError,
+    WrongPassphraseError,
+    cli,
+)
+
+PASSPHRASE = "horse-7c1f9e2a-battery-d84b"
+WRONG = "horse-7c1f9e2a-battery-d84c"  # a typo of the real one: as secret
+NEW = "quartz-51aa03be-lantern-9f0e"
+SECRETS = [PASSPHRASE, WRONG, NEW, "7c1f9e2a", "d84b", "d84c", "51aa03be", "lantern-9f0e"]
+
+
+def leaked(text: str) -> list[str]:
+    return [secret for secret in SECRETS if secret in text]
+
+
+def described(error: BaseException) -> str:
+    """Everything an error shows: message, repr, args, and the whole chain with tracebacks."""
+    return "\n".join(
+        [str(error), repr(error), repr(error.args), *traceback.format_exception(error)]
+    )
+
+
+@pytest.fixture
+def every_log_record() -> Iterator[list[logging.LogRecord]]:
+    """Every record at DEBUG from every logger, those that do not propagate included."""
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Keep(logging.DEBUG)
+    loggers = [logging.getLogger()] + [
+        logger for logger in logging.Logger.manager.loggerDict.values() if isinstance(logger, logging.Logger)
+    ]
+    saved = [(logger, logger.level, logger.disabled) for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.DEBUG)
+        logger.disabled = False
+        logger.addHandler(handler)
+    yield records
+    for logger, level, disabled in saved:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.disabled = disabled
+
+
+def assert_nothing_leaked(records: list[logging.LogRecord], capfd: pytest.CaptureFixture[str]) -> None:
+    out, err = capfd.readouterr()
+    for record in records:
+        text = f"{record.getMessage()} {record.args!r} {record.exc_text or ''}"
+        assert not leaked(text), f"log record {record.name}: {text}"
+    assert not leaked(out) and not leaked(err)
+
+
+def held_by_another_process(path: Path) -> subprocess.Popen[str]:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent("""
+            import sys
+            from citadeldb_openai_agents import CitadelSessionStore
+            store = CitadelSessionStore(sys.argv[1], sys.argv[2])
+            print("holding", flush=True)
+            sys.stdin.readline()
+        """), str(path), PASSPHRASE],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    assert holder.stdout is not None and holder.stdout.readline() == "holding\n"
+    return holder
+
+
+@pytest.fixture
+async def original(tmp_path: Path) -> Path:
+    path = tmp_path / "original" / "agent.cdl"
+    path.parent.mkdir()
+    with CitadelSessionStore(path, PASSPHRASE, argon2_profile="iot") as store:
+        await store.session("user-1").add_items([{"role": "user", "content": "hello"}])
+    return path
+
+
+def copy_of(path: Path, directory: Path) -> Path:
+    directory.mkdir(parents=True)
+    for file in path.parent.iterdir():
+        shutil.copy(file, directory / file.name)
+    return directory / path.name
+
+
+def damage(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[:64] = bytes(b ^ 0xFF for b in data[:64])
+    path.write_bytes(bytes(data))
+
+
+# -- the library --------------------------------------------------------------------------
+
+async def test_success_path_shows_the_passphrase_nowhere(original: Path, tmp_path: Path, every_log_record, capfd) -> None:
+    store = CitadelSessionStore(original, PASSPHRASE)
+    session = store.session("user-1")
+    own = CitadelSession("user-2", original, PASSPHRASE)
+    await session.add_items([{"role": "assistant", "content": "hi"}])
+    await own.add_items([{"role": "user", "content": "other"}])
+    shown = [
+        store, session, own, store._database, store._layout, await session.get_items(),
+        await session.search("hello"), await session.pop_item(), store.session_ids(), store.sessions(),
+        store.export("user-1"), store.verify(), store.backup(tmp_path / "backup.cdl"),
+        store.erase_session("user-2"), vars(store), vars(session), vars(own),
+    ]
+    store.rotate_key(PASSPHRASE, NEW)
+    shown += [store, vars(store), store._database]
+    own.close()
+    store.close()
+    shown += [store, own, repr(store), str(store)]
+    for thing in shown:
+        assert not leaked(repr(thing)), repr(thing)
+    assert not leaked(" ".join(thread.name for thread in threading.enumerate()))
+    assert_nothing_leaked(every_log_record, capfd)
+    for file in tmp_path.rglob("*"):
+        if file.is_file():
+            assert not leaked(file.read_bytes().decode("latin-1")), file
+
+
+def failures(path: Path, tmp_path: Path) -> Iterator[tuple[str, type[BaseException], object]]:
+    """Every failure a user can reach with a passphrase in hand: (name, expected error, call)."""
+    yield "wrong passphrase", WrongPassphraseError, lambda: CitadelSessionStore(path, WRONG)
+    yield "wrong passphrase, session", WrongPassphraseError, lambda: CitadelSession("s", path, WRONG)
+
+    damaged = copy_of(path, tmp_path / "damaged")
+    damage(damaged)
+    yield "damaged file", CitadelSessionError, lambda: CitadelSessionStore(damaged, PASSPHRASE)
+
+    keyless = copy_of(path, tmp_path / "keyless")
+    Path(f"{keyless}.citadel-keys").unlink()
+    yield "missing key file", CitadelSessionError, lambda: CitadelSessionStore(keyless, PASSPHRASE)
+    yield "missing key file, wrong passphrase", CitadelSessionError, lambda: CitadelSessionStore(keyless, WRONG)
+
+    yield "empty passphrase", EmptyPassphraseError, lambda: CitadelSessionStore(path, "")
+    yield "bytes passphrase", TypeError, lambda: CitadelSessionStore(path, PASSPHRASE.encode())
+    yield "other embedder", CitadelSessionError, lambda: CitadelSessionStore(
+        path, PASSPHRASE, embedder=citadeldb.MockEmbedder(dim=64)
+    )
+
+    store = CitadelSessionStore(path, PASSPHRASE)
+    yield "same file, other passphrase", WrongPassphraseError, lambda: CitadelSessionStore(path, WRONG)
+    yield "rotate with a wrong current key", WrongPassphraseError, lambda: store.rotate_key(WRONG, NEW)
+    yield "rotate to an empty key", EmptyPassphraseError, lambda: store.rotate_key(PASSPHRASE, "")
+    store.close()
+    yield "closed store", CitadelSessionError, lambda: asyncio.run(store.session("s").get_items())
+
+
+async def test_no_failure_shows_the_passphrase(original: Path, tmp_path: Path, every_log_record, capfd) -> None:
+    seen = []
+    for name, expected, call in failures(original, tmp_path):
+        with pytest.raises(expected) as caught:
+            await asyncio.to_thread(call)  # type: ignore[arg-type]
+        assert not leaked(described(caught.value)), f"{name}: {described(caught.value)}"
+        seen.append(name)
+    assert len(seen) == 12
+    assert_nothing_leaked(every_log_record, capfd)
+
+
+# -- the CLI --------------------------------------------------------------------------------
+
+COMMANDS = {
+    "check": ["check"],
+    "check --json": ["check", "--json"],
+    "sessions": ["sessions", "--json"],
+    "verify": ["verify"],
+    "export": ["export", "user-1"],
+    "backup": ["backup", "{dir}/backup.cdl"],
+    "purge": ["purge"],
+    "erase": ["erase", "--yes", "user-1"],
+    "rotate-key": ["rotate-key"],
+}
+
+
+def run_cli(argv: list[str], directory: Path, key: str, monkeypatch: pytest.MonkeyPatch) -> int:
+    """`python -m citadeldb_openai_agents ...` in this process: env and cwd as an operator sets them."""
+    with monkeypatch.context() as patch:
+        for name in list(os.environ):
+            if name.upper().startswith("CITADEL_"):
+                patch.delenv(name)
+        patch.chdir(directory)
+        patch.setenv("CITADEL_PATH", str(directory / "agent.cdl"))
+        patch.setenv("CITADEL_KEY", key)
+        patch.setenv("CITADEL_NEW_KEY", NEW)
+        try:
+            return cli.main([part.format(dir=directory) for part in argv])
+        except SystemExit as exit_:  # argparse: a command this CLI does not have (yet)
+            return int(exit_.code or 0)
+
+
+def cli_states(original: Path, tmp_path: Path) -> Iterator[tuple[str, str, Path]]:
+    """(state, passphrase given, a fresh copy of the file in that state) for each command."""
+    for command in COMMANDS:
+        yield "healthy", PASSPHRASE, copy_of(original, tmp_path / f"healthy-{command}").parent
+        yield "wrong passphrase", WRONG, copy_of(original, tmp_path / f"wrong-{command}").parent
+        damaged = copy_of(original, tmp_path / f"damaged-{command}")
+        damage(damaged)
+        yield "damaged", PASSPHRASE, damaged.parent
+        keyless = copy_of(original, tmp_path / f"keyless-{command}")
+        Path(f"{keyless}.citadel-keys").unlink()
+        yield "missing key file", PASSPHRASE, keyless.parent
+
+
+def test_no_cli_output_shows_the_passphrase(original: Path, tmp_path: Path, monkeypatch, every_log_record, capfd) -> None:
+    outcomes: dict[tuple[str, str], int] = {}
+    states = cli_states(original, tmp_path)
+    for command, argv in COMMANDS.items():
+        for _ in range(4):
+            state, key, directory = next(states)
+            code = run_cli(argv, directory, key, monkeypatch)
+            out, err = capfd.readouterr()
+            assert not leaked(out + err), f"{command} on a {state} file:\n{out}\n{err}"
+            assert "Traceback" not in err, f"{command} on a {state} file:\n{err}"
+            outcomes[(command, state)] = code
+    missing = sorted({command for (command, _), code in outcomes.items() if code == 2})
+    assert "check" not in missing and "verify" not in missing, missing
+    for (command, state), code in outcomes.items():
+        if command not in missing:
+            assert code == (0 if state == "healthy" else 1), (command, state, code)
+    assert_nothing_leaked(every_log_record, capfd)
+
+
+def test_a_locked_file_shows_no_passphrase_in_errors_or_cli_output(original: Path, monkeypatch, every_log_record, capfd) -> None:
+    holder = held_by_another_process(original)
+    try:
+        for key in (PASSPHRASE, WRONG):
+            with pytest.raises(DatabaseLockedError) as caught:
+                CitadelSessionStore(original, key)
+            assert not leaked(described(caught.value))
+            for command, argv in COMMANDS.items():
+                code = run_cli(argv, original.parent, key, monkeypatch)
+                out, err = capfd.readouterr()
+                assert not leaked(out + err), f"{command}, locked:\n{out}\n{err}"
+                assert "Traceback" not in err and code == 1, (command, code, err)
+    finally:
+        holder.communicate("\n", timeout=60)
+    assert_nothing_leaked(every_log_record, capfd)
