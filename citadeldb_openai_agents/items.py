@@ -56,6 +56,11 @@ def decode_items(payloads: list[str]) -> list[Any]:
         return [decode_item(payload) for payload in payloads]
 
 
+def is_user_message(item: Any) -> bool:
+    """Whether the item is something the user said (a question, more often than an answer)."""
+    return isinstance(item, dict) and item.get("role") == "user" and item.get("type", "message") == "message"
+
+
 def search_text(item: Any) -> str:
     """The plain text of an item that search indexes: its content, or a tool call's text.
 

@@ -35,14 +35,19 @@ from citadeldb.memory import AtomHit, Memory
 
 from .embedders import Embedder, EmbedderIdentity
 from .errors import EmbedderMismatchError
-from .items import ITEM_KIND
+from .items import ITEM_KIND, decode_item, is_user_message, search_text
 
 LAYOUT_FORMAT = 1
 SEGMENT_CAPACITY = 256
 META_REGION = "coa.meta"
 CATALOG_REGION = "coa.catalog"
 SEGMENT_PREFIX = "coa.s."
-_ALL = 2**63 - 1  # fetch's default limit is 100; "everything" must be asked for.
+_ALL = 2**63 - 1
+_QUESTION_LOOKBACK = 32  # items searched back for the latest user message after a restart
+# Search ranks by vector distance with a user message's distance weighed up by this:
+# a question resembles a query more than its answer does (benchmarks/search_quality).
+_USER_DISTANCE_FACTOR = 1.3
+_CANDIDATES_PER_LIMIT = 3  # fetch's default limit is 100; "everything" must be asked for.
 
 
 @dataclass
@@ -57,6 +62,9 @@ class SessionState:
     # newest N seek (`after_id`) instead of scanning the segment.
     tail_ids: list[int] | None = None
     tail_stored: int = 0
+    # The text of the session's latest user message, when known: a reply is indexed
+    # under the question it answers (see `append`).
+    last_question: str | None = None
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
@@ -205,9 +213,25 @@ class SessionLayout:
         state: SessionState,
         payloads: list[str],
         texts: list[str],
+        from_user: list[bool],
         expires_at: int | None,
     ) -> None:
-        """Store one batch atomically, in one segment."""
+        """Store one batch atomically, in one segment.
+
+        Every item that is not the user's is indexed under the latest user message
+        before it: a query matches the user's question better than the reply that
+        answers it, so the reply must carry the question's words and meaning too
+        (benchmarks/search_quality: all-MiniLM-L6-v2 recall@1 0.60 -> 0.71).
+        """
+        question = self._last_question(memory, state)
+        indexed = []
+        for text, user in zip(texts, from_user):
+            if user:
+                question = text
+                indexed.append(text)
+            else:
+                indexed.append(f"{question}\n{text}" if question else text)
+        texts = indexed
         if state.catalog_id is None:
             entry = {"kind": "session", "text": "session", "payload": _catalog_payload(state.session_id)}
             state.catalog_id = memory.remember(CATALOG_REGION, entry)
@@ -237,6 +261,18 @@ class SessionLayout:
         if state.tail_ids is not None:
             state.tail_ids.extend(ids)
         state.tail_stored += len(ids)
+        state.last_question = question
+
+    def _last_question(self, memory: Memory, state: SessionState) -> str:
+        """The latest user message's indexed text (looked up once, then kept up to date)."""
+        if state.last_question is None:
+            state.last_question = ""
+            for payload in reversed(self.newest(memory, state, _QUESTION_LOOKBACK)):
+                item = decode_item(payload)
+                if is_user_message(item):
+                    state.last_question = search_text(item)
+                    break
+        return state.last_question
 
     def _tail_stored(self, memory: Memory, state: SessionState) -> int:
         self._tail_ids(memory, state)
@@ -274,6 +310,7 @@ class SessionLayout:
 
     def pop(self, memory: Memory, state: SessionState) -> str | None:
         """Erase the newest live item and return its payload (None when there is none)."""
+        state.last_question = None  # it may be what goes
         while state.segments:
             number = state.segments[-1]
             hits = self._newest_in(memory, state, number, 1)
@@ -296,6 +333,7 @@ class SessionLayout:
 
     def clear(self, memory: Memory, state: SessionState) -> None:
         """Erase the whole session: forget its catalog atom (the commit point), drop its segments."""
+        state.last_question = None  # it may be what goes
         if state.catalog_id is not None:
             memory.forget(CATALOG_REGION, [state.catalog_id])
             state.catalog_id = None
@@ -311,6 +349,7 @@ class SessionLayout:
         ``missing`` (no row, no key). The catalog atom's forget receipt names the
         key-wrapping algorithm.
         """
+        state.last_question = None
         erased: dict[int, list[int]] = {}
         for number in state.segments:
             region = self._region(memory, state, number)
@@ -390,6 +429,7 @@ class SessionLayout:
 
     def purge_expired(self, memory: Memory, state: SessionState) -> int:
         """Erase every expired atom of the session; drop segments left empty."""
+        state.last_question = None  # it may be what goes
         erased = 0
         for number in list(state.segments):
             region = self._region(memory, state, number)
@@ -404,7 +444,12 @@ class SessionLayout:
         return erased
 
     def search(self, memory: Memory, state: SessionState, query: str, limit: int) -> list[str]:
-        """The session's live items ranked by Citadel's hybrid recall, best first."""
+        """The session's live items ranked by Citadel's hybrid recall, best first.
+
+        Each segment proposes candidates with Citadel's hybrid recall; they are merged
+        by vector distance, because Citadel's relevance is normalised per region and
+        does not compare across segments.
+        """
         if not state.segments:
             return []
         # Embed the query once, not once per segment: a real model costs ~10 ms a call.
@@ -413,9 +458,15 @@ class SessionLayout:
         hits: list[AtomHit] = []
         for number in state.segments:
             region = self._region(memory, state, number)
-            hits.extend(memory.recall(region, text=query, embedding=vector, k=limit, kinds=[ITEM_KIND]))
-        # Each segment ranks its own atoms; merge on relevance, then distance, then recency.
-        hits.sort(key=lambda h: (-(h.relevance or 0.0), h.distance if h.distance is not None else 2.0, -h.id))
+            hits.extend(memory.recall(
+                region, text=query, embedding=vector, k=limit * _CANDIDATES_PER_LIMIT, kinds=[ITEM_KIND]
+            ))
+
+        def distance(hit: AtomHit) -> float:
+            base = hit.distance if hit.distance is not None else 2.0
+            return base * _USER_DISTANCE_FACTOR if is_user_message(decode_item(hit.payload)) else base
+
+        hits.sort(key=lambda hit: (distance(hit), -hit.id))
         return [hit.payload for hit in hits[:limit]]
 
     def segment_regions(self, state: SessionState) -> list[str]:

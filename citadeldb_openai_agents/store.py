@@ -26,7 +26,7 @@ from .errors import (
     SessionNotFoundError,
     WrongPassphraseError,
 )
-from .items import decode_item, decode_items, encode_item, search_text
+from .items import decode_item, decode_items, encode_item, is_user_message, search_text
 from .layout import Erasure, SessionLayout, SessionState, reembed_file
 
 if TYPE_CHECKING:
@@ -309,10 +309,11 @@ class CitadelSessionStore:
     def _add_items(self, session_id: str, items: list[Any]) -> None:
         payloads = [encode_item(item, position) for position, item in enumerate(items)]
         texts = [search_text(item) for item in items]
+        from_user = [is_user_message(item) for item in items]
         expires_at = None
         if self._ttl is not None:
             expires_at = int((time.time() + self._ttl) * 1_000_000)
-        self._on_session(self._state(session_id), SessionLayout.append, payloads, texts, expires_at)
+        self._on_session(self._state(session_id), SessionLayout.append, payloads, texts, from_user, expires_at)
 
     def _get_items(self, session_id: str, limit: int | None) -> list[Any]:
         state = self._state(session_id)

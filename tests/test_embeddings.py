@@ -109,7 +109,7 @@ async def test_reembed_keeps_every_item(make_store, db_path: Path, key: str) -> 
     store = make_store()
     for sid in ("a", "b"):
         session = store.session(sid)
-        await session.add_items([{"content": f"{sid} note {n}"} for n in range(300)])
+        await session.add_items([{"content": f"{sid} note {n}"} for n in range(299)] + [{"content": f"{sid}: the llama sleeps"}])
         await session.add_items([{"type": "function_call", "name": "f", "arguments": "{}", "call_id": "c"}])
     before = {sid: await store.session(sid).get_items() for sid in ("a", "b")}
     store.close()
@@ -120,7 +120,7 @@ async def test_reembed_keeps_every_item(make_store, db_path: Path, key: str) -> 
     assert (summary.items, summary.model_id) == (602, wider.model_id)
     reopened = make_store(embedder=wider)
     assert {sid: await reopened.session(sid).get_items() for sid in ("a", "b")} == before
-    assert await reopened.session("a").search("a note 7", limit=1) == [{"content": "a note 7"}]
+    assert await reopened.session("a").search("llama sleeps", limit=1) == [{"content": "a: the llama sleeps"}]
     assert reopened.embedder_identity.dim == 32
 
 

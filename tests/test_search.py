@@ -1,0 +1,55 @@
+"""Search: a reply is found by the question it answers, even across restarts and segments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import citadeldb
+
+from citadeldb_openai_agents import CitadelSessionStore
+
+QUESTION = {"role": "user", "content": "What is the wifi password at the office?"}
+ANSWER = {"type": "message", "role": "assistant", "status": "completed", "id": "msg_1",
+          "content": [{"type": "output_text", "text": "It is hunter2-blue, printed by the door.", "annotations": []}]}
+
+
+async def test_the_answer_outranks_the_question_it_answers(store: CitadelSessionStore) -> None:
+    session = store.session("s")
+    await session.add_items([QUESTION])  # the SDK saves input and output in separate calls
+    await session.add_items([ANSWER])
+    hits = await session.search("office wifi password", limit=2)
+    assert hits == [ANSWER, QUESTION]
+
+
+async def test_the_question_is_remembered_across_a_restart(make_store, db_path: Path) -> None:
+    first = make_store()
+    await first.session("s").add_items([QUESTION])
+    first.close()
+    second = make_store()
+    await second.session("s").add_items([ANSWER])
+    assert (await second.session("s").search("office wifi password", limit=1)) == [ANSWER]
+
+
+async def test_ranking_merges_segments_by_distance(make_store) -> None:
+    # Wide hashed vectors: at the default 128 dimensions, word-hash collisions decide.
+    store = make_store(embedder=citadeldb.MockEmbedder(dim=2048))
+    session = store.session("long")
+    filler = [item for n in range(130) for item in (
+        {"role": "user", "content": f"question {n} about trains"},
+        {"role": "assistant", "content": f"answer {n} about sandwiches"},
+    )]
+    await session.add_items(filler)  # fills the first segment
+    await session.add_items([QUESTION, ANSWER])  # lands in the second
+    await session.add_items(filler)
+    assert len(store._layout.state("long").segments) == 2
+    assert (await session.search("office wifi password", limit=1)) == [ANSWER]
+
+
+async def test_a_popped_question_is_not_used_for_the_next_reply(store: CitadelSessionStore) -> None:
+    session = store.session("s")
+    await session.add_items([{"role": "user", "content": "tell me about llamas"}])
+    await session.pop_item()
+    await session.add_items([{"role": "assistant", "content": "They are smaller."}])
+    [region] = store._layout.segment_regions(store._layout.state("s"))
+    [atom] = store._database.memory.fetch(region, "item", limit=10)  # the text Citadel indexed
+    assert atom.text == "They are smaller."
