@@ -247,6 +247,7 @@ def _open_store(settings: CitadelSettings, embedder: Embedder) -> CitadelSession
         session_settings=None if limit is None else _session_settings(limit),
         argon2_profile=settings.argon2_profile,
         sync_mode=settings.sync_mode,
+        cache_size=settings.cache_size,
     )
 
 

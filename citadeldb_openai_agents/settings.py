@@ -190,6 +190,11 @@ class CitadelSettings(BaseSettings):
     sync_mode: Literal["full", "normal", "off"] | None = Field(
         None, description="durability for a new file: full (each write fsynced), normal or off"
     )
+    # Memory against speed: search and reads in large files are page-cache bound.
+    cache_size: PositiveInt | None = Field(
+        None, description="Citadel's page cache in pages for this process (e.g. 20000); "
+        "larger makes search in big files faster and uses more memory"
+    )
 
     _provenance: dict[str, Provenance] = PrivateAttr(default_factory=dict)
     _config_file: Path | None = PrivateAttr(default=None)

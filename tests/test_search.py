@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import citadeldb
+import pytest
 
 from citadeldb_openai_agents import CitadelSessionStore
 
@@ -53,3 +54,23 @@ async def test_a_popped_question_is_not_used_for_the_next_reply(store: CitadelSe
     [region] = store._layout.segment_regions(store._layout.state("s"))
     [atom] = store._database.memory.fetch(region, "item", limit=10)  # the text Citadel indexed
     assert atom.text == "They are smaller."
+
+
+async def test_a_larger_page_cache_is_an_option(make_store) -> None:
+    store = make_store(cache_size=20_000)
+    await store.session("s").add_items([QUESTION, ANSWER])
+    assert await store.session("s").search("office wifi password", limit=1) == [ANSWER]
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match="cache_size"):
+            make_store(cache_size=bad)
+
+
+def test_cache_size_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from citadeldb_openai_agents import CitadelSettings, ConfigurationError
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CITADEL_CACHE_SIZE", "20000")
+    assert CitadelSettings(key="k").cache_size == 20_000
+    monkeypatch.setenv("CITADEL_CACHE_SIZE", "lots")
+    with pytest.raises(ConfigurationError, match="CITADEL_CACHE_SIZE"):
+        CitadelSettings(key="k")

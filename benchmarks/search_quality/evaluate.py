@@ -382,7 +382,8 @@ class Variant:
         each component min-max normalised over a region's candidates; None is
         Citadel's default, DEFAULT_WEIGHTS.
     merge: "relevance" sorts all segments' hits by relevance, then distance, then
-        recency (the package today); "distance" sorts them by vector distance.
+        recency (the package before 2026-11-30); "distance" sorts them by vector distance
+        (the package now, with users="penalised", penalty=1.3).
     users: "ranked" (as now), "dropped", "penalised" (relevance minus `penalty`, or
         distance times `penalty`), "after-reply" (a user item never precedes the reply
         indexed under it: the reply moves up to just before it).
@@ -912,10 +913,10 @@ def targets(minilm: dict[str, Any]) -> list[str]:
     rows = {(r["scope"], r["text"], r["variant"]): r["metrics"]["all"] for r in minilm["rows"]}
     lines = [f"Targets, all-MiniLM-L6-v2 (recall@5 >= {TARGETS['recall@5']}, recall@1 >= {TARGETS['recall@1']}, "
              f"median search <= {TARGETS['search_ms']:g} ms on a {SCALE_ITEMS}-item session):"]
-    for label, key in (("package today", ("dataset", "own", "package (public API)")),
-                       ("recommended", ("dataset", RECOMMENDED_TEXT, RECOMMENDED.label)),
-                       (f"package today, {SCALE_ITEMS}-item sessions", ("scale", "own", BASELINE.label)),
-                       (f"recommended, {SCALE_ITEMS}-item sessions", ("scale", RECOMMENDED_TEXT, RECOMMENDED.label))):
+    for label, key in (("package (public API)", ("dataset", PACKAGE_TEXT, "package (public API)")),
+                       ("before (own text, relevance merge)", ("dataset", "own", BASELINE.label)),
+                       (f"package, {SCALE_ITEMS}-item sessions", ("scale", PACKAGE_TEXT, PACKAGE.label)),
+                       (f"before, {SCALE_ITEMS}-item sessions", ("scale", "own", BASELINE.label))):
         m = rows.get(key)
         if m:
             met = m["recall@5"] >= TARGETS["recall@5"] and m["recall@1"] >= TARGETS["recall@1"]
