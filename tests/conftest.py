@@ -18,6 +18,15 @@ KEY = "correct horse battery staple"
 
 
 @pytest.fixture
+def clean_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No CITADEL_* variable and no ./citadel.toml leak in from the machine running the tests."""
+    for name in list(os.environ):
+        if name.upper().startswith("CITADEL_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture
 def key() -> str:
     return KEY
 

@@ -17,12 +17,7 @@ PASSPHRASE = "correct horse battery staple 7f3a"
 WRONG = "wrong passphrase 91c2e"
 
 
-@pytest.fixture(autouse=True)
-def clean_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.upper().startswith("CITADEL_"):
-            monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
+pytestmark = pytest.mark.usefixtures("clean_environment")
 
 
 def command(*args: str) -> list[str]:

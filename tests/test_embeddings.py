@@ -85,13 +85,10 @@ def test_unknown_model_names_the_fix(fake_model: Path) -> None:
         SentenceTransformerEmbedder("no-such-model-anywhere")
 
 
-def test_provider_from_settings(fake_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_provider_from_settings(fake_model: Path, clean_environment: None, monkeypatch: pytest.MonkeyPatch) -> None:
     from citadeldb_openai_agents import CitadelSettings, ConfigurationError
     from citadeldb_openai_agents.config import build_embedder
 
-    for name in [n for n in __import__("os").environ if n.startswith("CITADEL_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
     table = {"provider": "sentence-transformers", "model": str(fake_model), "device": "cpu"}
     settings = CitadelSettings(key="k", embedder=table)
     embedder = build_embedder(settings)

@@ -37,11 +37,7 @@ OTHER = [{"role": "user", "content": "hello"}]
 
 
 @pytest.fixture(autouse=True)
-def clean_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.upper().startswith("CITADEL_"):
-            monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
+def no_terminal(clean_environment: None, monkeypatch: pytest.MonkeyPatch) -> None:
     # In-process commands see no terminal, whatever runs pytest.
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))
 

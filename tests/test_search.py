@@ -65,10 +65,9 @@ async def test_a_larger_page_cache_is_an_option(make_store) -> None:
             make_store(cache_size=bad)
 
 
-def test_cache_size_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_cache_size_from_the_environment(clean_environment: None, monkeypatch: pytest.MonkeyPatch) -> None:
     from citadeldb_openai_agents import CitadelSettings, ConfigurationError
 
-    monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("CITADEL_CACHE_SIZE", "20000")
     assert CitadelSettings(key="k").cache_size == 20_000
     monkeypatch.setenv("CITADEL_CACHE_SIZE", "lots")

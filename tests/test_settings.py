@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import os
 import sys
 import warnings
 from collections.abc import Iterator
@@ -19,13 +18,7 @@ PASSPHRASE = "correct horse battery staple 7f3a"
 EXAMPLE = Path(__file__).resolve().parent.parent / "config.example.toml"
 
 
-@pytest.fixture(autouse=True)
-def clean_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No CITADEL_* variable and no ./citadel.toml leak in from the machine running the tests."""
-    for name in list(os.environ):
-        if name.upper().startswith("CITADEL_"):
-            monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
+pytestmark = pytest.mark.usefixtures("clean_environment")
 
 
 def write(path: Path, text: str, mode: int = 0o600) -> Path:

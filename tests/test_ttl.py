@@ -6,7 +6,6 @@ import time
 
 import pytest
 
-from citadeldb_openai_agents import CitadelSessionStore
 from test_erasure import memory_of, stored_ids
 
 TTL = 0.4
