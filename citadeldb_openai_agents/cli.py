@@ -374,7 +374,9 @@ def _export(args: argparse.Namespace) -> int:
 def _erase(args: argparse.Namespace) -> int:
     session_ids = list(dict.fromkeys(args.session_ids))
     with _open(_settings(args)) as store:
-        counts = {summary.session_id: summary.items for summary in store.sessions()}
+        # One summary per named id, not `sessions()`: that would count every session in the file.
+        summaries = {session_id: store.summary(session_id) for session_id in session_ids}
+        counts = {sid: summary.items for sid, summary in summaries.items() if summary is not None}
         unknown = [session_id for session_id in session_ids if session_id not in counts]
         if unknown:
             raise _Refused(

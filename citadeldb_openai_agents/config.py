@@ -8,7 +8,6 @@ The other operator commands open the store with `open_existing_store`.
 
 from __future__ import annotations
 
-import glob
 import importlib
 import os
 import re
@@ -19,7 +18,7 @@ from typing import Any
 
 import citadeldb
 
-from .database import resolve_path
+from .database import database_files, resolve_path
 from .embedders import DEFAULT_MOCK_DIM, Embedder, resolve_embedder
 from .errors import CitadelSessionError, DatabaseNotFoundError
 from .settings import (
@@ -406,5 +405,4 @@ def _check_database(
 
 def _size(path: str) -> int:
     """Bytes of the file and its companions (``<path>.citadel-*``: keys, regions, ...)."""
-    files = [path, *glob.glob(glob.escape(path) + ".citadel-*")]
-    return sum(os.path.getsize(name) for name in files if os.path.isfile(name))
+    return sum(os.path.getsize(name) for name in database_files(path) if os.path.isfile(name))

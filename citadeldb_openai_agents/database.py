@@ -238,6 +238,12 @@ class _MemoryHandle:
 
 
 COMPANION_SUFFIXES = (".citadel-keys", ".citadel-regions", ".citadel-atomkeys")
+AUDIT_SUFFIX = ".citadel-audit"  # Citadel's audit log: not needed to open the file
+
+
+def database_files(path: str) -> list[str]:
+    """The file and every companion Citadel may keep beside it (they go together)."""
+    return [path, *(path + suffix for suffix in (*COMPANION_SUFFIXES, AUDIT_SUFFIX))]
 
 
 def translate_open_error(exc: BaseException, path: str) -> BaseException:
@@ -292,7 +298,7 @@ def _refuse_lost_region_keys(db: citadeldb.Database, path: str) -> None:
     afterwards no longer brings the data back. A fresh file has no regions yet (and
     no ``-regions`` file), which is why the region table is asked first.
     """
-    keys = path + ".citadel-regions"
+    keys = path + COMPANION_SUFFIXES[1]
     if os.path.exists(keys):
         return
     try:

@@ -20,6 +20,7 @@ from agents import Agent, Runner, set_tracing_disabled
 from agents.testing import ModelStep, ScriptedModel, assistant_message
 from agents.testing.model import ModelCall
 
+from .items import search_text
 from .session import CitadelSession
 from .store import CitadelSessionStore
 
@@ -31,14 +32,7 @@ _DOG = re.compile(r"my dog is called (\w+)", re.IGNORECASE)
 def _texts(call_input: Any) -> list[str]:
     if isinstance(call_input, str):
         return [call_input]
-    texts = []
-    for item in call_input:
-        content = item.get("content") if isinstance(item, dict) else None
-        if isinstance(content, str):
-            texts.append(content)
-        elif isinstance(content, list):
-            texts.extend(part.get("text", "") for part in content if isinstance(part, dict))
-    return texts
+    return [search_text(item) for item in call_input]
 
 
 def recall_reply(call: ModelCall) -> list[Any]:

@@ -30,6 +30,7 @@ import re
 import secrets
 import threading
 from dataclasses import dataclass, field
+
 import citadeldb
 from citadeldb.memory import AtomHit, Memory
 
@@ -42,12 +43,12 @@ SEGMENT_CAPACITY = 256
 META_REGION = "coa.meta"
 CATALOG_REGION = "coa.catalog"
 SEGMENT_PREFIX = "coa.s."
-_ALL = 2**63 - 1
+_ALL = 2**63 - 1  # fetch's default limit is 100; "everything" must be asked for.
 _QUESTION_LOOKBACK = 32  # items searched back for the latest user message after a restart
 # Search ranks by vector distance with a user message's distance weighed up by this:
 # a question resembles a query more than its answer does (benchmarks/search_quality).
 _USER_DISTANCE_FACTOR = 1.3
-_CANDIDATES_PER_LIMIT = 3  # fetch's default limit is 100; "everything" must be asked for.
+_CANDIDATES_PER_LIMIT = 3  # per segment: candidates for `limit` results, re-ranked across segments
 
 
 @dataclass
@@ -183,14 +184,18 @@ class SessionLayout:
     # -- regions ------------------------------------------------------------------
 
     def _region(self, memory: Memory, state: SessionState, number: int) -> str:
-        name = f"{SEGMENT_PREFIX}{state.hid}.{number}"
+        """The segment's region name, attached to the embedder (once per process)."""
+        name = _segment_name(state, number)
         self._attach(memory, name)
         return name
+
+    def _live_ids(self, memory: Memory, state: SessionState, number: int) -> list[int]:
+        return [hit.id for hit in memory.fetch(self._region(memory, state, number), ITEM_KIND, limit=_ALL)]
 
     def _drop_segment(self, memory: Memory, state: SessionState, number: int) -> None:
         # Dropping an encrypted region destroys its atoms' keys (tests/test_erasure.py),
         # attached or not; attaching first would cost ~3 ms a segment after a reopen.
-        name = f"{SEGMENT_PREFIX}{state.hid}.{number}"
+        name = _segment_name(state, number)
         memory.drop_region(name)
         self._attached.discard(name)
         state.segments.remove(number)
@@ -200,8 +205,7 @@ class SessionLayout:
 
     def _tail_ids(self, memory: Memory, state: SessionState) -> list[int]:
         if state.tail_ids is None:
-            tail = self._region(memory, state, state.segments[-1])
-            state.tail_ids = [hit.id for hit in memory.fetch(tail, ITEM_KIND, limit=_ALL)]
+            state.tail_ids = self._live_ids(memory, state, state.segments[-1])
             state.tail_stored = max(state.tail_stored, len(state.tail_ids))
         return state.tail_ids
 
@@ -331,36 +335,33 @@ class SessionLayout:
             return hit.payload
         return None
 
-    def clear(self, memory: Memory, state: SessionState) -> None:
-        """Erase the whole session: forget its catalog atom (the commit point), drop its segments."""
+    def clear(self, memory: Memory, state: SessionState) -> str | None:
+        """Erase the whole session: forget its catalog atom (the commit point), drop its segments.
+
+        Returns the key-wrapping algorithm from the catalog atom's forget receipt, if
+        the session had one (dropping a region gives no receipt).
+        """
         state.last_question = None  # it may be what goes
+        algorithm = None
         if state.catalog_id is not None:
-            memory.forget(CATALOG_REGION, [state.catalog_id])
+            algorithm = memory.forget(CATALOG_REGION, [state.catalog_id]).algorithm
             state.catalog_id = None
         for number in list(state.segments):
             self._drop_segment(memory, state, number)
+        return algorithm
 
-    def erase(self, memory: Memory, state: SessionState) -> Erasure:
+    def erase(self, memory: Memory, state: SessionState) -> Erasure | None:
         """`clear`, then read back through Citadel that every erased atom is gone.
 
         Dropping a region returns no receipt, so the evidence is gathered here: the
         ids of every stored item first, then, per dropped segment, a region of the
         same name is attached and Citadel's `verify` must call each of those ids
-        ``missing`` (no row, no key). The catalog atom's forget receipt names the
-        key-wrapping algorithm.
+        ``missing`` (no row, no key). None when the file holds nothing for the session.
         """
-        state.last_question = None
-        erased: dict[int, list[int]] = {}
-        for number in state.segments:
-            region = self._region(memory, state, number)
-            erased[number] = [hit.id for hit in memory.fetch(region, ITEM_KIND, limit=_ALL)]
-        algorithm = "AES-256-KW(RFC3394)"
-        if state.catalog_id is not None:
-            receipt = memory.forget(CATALOG_REGION, [state.catalog_id])
-            algorithm = receipt.algorithm
-            state.catalog_id = None
-        for number in list(state.segments):
-            self._drop_segment(memory, state, number)
+        if state.catalog_id is None and not state.segments:
+            return None
+        erased = {number: self._live_ids(memory, state, number) for number in state.segments}
+        algorithm = self.clear(memory, state) or "AES-256-KW(RFC3394)"
         confirmed = True
         for number, ids in erased.items():
             region = self._region(memory, state, number)
@@ -375,15 +376,8 @@ class SessionLayout:
             readback_confirmed=confirmed,
         )
 
-    def _stored_count(self, memory: Memory, state: SessionState, number: int) -> int:
-        return memory.count(self._region(memory, state, number), ITEM_KIND)
-
-    def count(self, memory: Memory, state: SessionState) -> int:
-        """How many live items the session holds."""
-        return sum(self._stored_count(memory, state, number) for number in state.segments)
-
-    def write_times(self, memory: Memory, state: SessionState) -> tuple[int, int] | None:
-        """Creation times (µs since the epoch) of the oldest and newest live items."""
+    def summary(self, memory: Memory, state: SessionState) -> tuple[int, int, int] | None:
+        """(live items, creation time of the oldest, of the newest) in µs; None when empty."""
         oldest = next(
             (hits[0] for n in state.segments
              if (hits := memory.fetch(self._region(memory, state, n), ITEM_KIND, limit=1))),
@@ -395,15 +389,15 @@ class SessionLayout:
             (hits[0] for n in reversed(state.segments) if (hits := self._newest_in(memory, state, n, 1))),
             oldest,
         )
-        return oldest.created_at, newest.created_at
+        count = sum(memory.count(self._region(memory, state, n), ITEM_KIND) for n in state.segments)
+        return count, oldest.created_at, newest.created_at
 
     def attest(self, memory: Memory, state: SessionState) -> dict[str, int]:
         """Citadel's per-atom verdicts (authentic, tampered, ...) for every live item."""
         verdicts: dict[str, int] = {}
         for number in state.segments:
-            region = self._region(memory, state, number)
-            ids = [hit.id for hit in memory.fetch(region, ITEM_KIND, limit=_ALL)]
-            for attestation in memory.verify(region, ids) if ids else []:
+            ids = self._live_ids(memory, state, number)
+            for attestation in memory.verify(self._region(memory, state, number), ids) if ids else []:
                 verdicts[attestation.verdict] = verdicts.get(attestation.verdict, 0) + 1
         return verdicts
 
@@ -413,7 +407,7 @@ class SessionLayout:
     def _has_live(self, memory: Memory, state: SessionState, number: int) -> bool:
         return bool(memory.fetch(self._region(memory, state, number), ITEM_KIND, limit=1))
 
-    def _erase_expired_head(self, memory: Memory, state: SessionState) -> int:
+    def _erase_expired_head(self, memory: Memory, state: SessionState) -> None:
         """Erase expired atoms from the oldest segments (where expiry happens first)."""
         erased = 0
         while state.segments:
@@ -425,7 +419,6 @@ class SessionLayout:
             self._drop_segment(memory, state, number)
         if erased:
             state.tail_ids = None
-        return erased
 
     def purge_expired(self, memory: Memory, state: SessionState) -> int:
         """Erase every expired atom of the session; drop segments left empty."""
@@ -470,7 +463,11 @@ class SessionLayout:
         return [hit.payload for hit in hits[:limit]]
 
     def segment_regions(self, state: SessionState) -> list[str]:
-        return [f"{SEGMENT_PREFIX}{state.hid}.{n}" for n in state.segments]
+        return [_segment_name(state, n) for n in state.segments]
+
+
+def _segment_name(state: SessionState, number: int) -> str:
+    return f"{SEGMENT_PREFIX}{state.hid}.{number}"
 
 
 def _catalog_payload(session_id: str) -> str | dict[str, str]:

@@ -559,7 +559,27 @@ class _Layer(PydanticBaseSettingsSource):
         return f"_Layer({self._source!r})"
 
 
-class EnvironmentSource(EnvSettingsSource):
+class _ReportsBadJson:
+    """A table given as JSON that does not parse is a problem to list, not an exception."""
+
+    _loading: _LoadState
+
+    def _bad_json(self, field_name: str) -> str:
+        raise NotImplementedError
+
+    def prepare_field_value(
+        self, field_name: str, field: FieldInfo, value: Any, value_is_complex: bool
+    ) -> Any:
+        try:
+            return super().prepare_field_value(  # type: ignore[misc]
+                field_name, field, value, value_is_complex
+            )
+        except ValueError:
+            self._loading.problems.append(self._bad_json(field_name))
+            return None
+
+
+class EnvironmentSource(_ReportsBadJson, EnvSettingsSource):
     """``CITADEL_*`` variables; an unknown one is a problem naming the closest valid name."""
 
     def __init__(self, settings_cls: type[BaseSettings], loading: _LoadState) -> None:
@@ -589,17 +609,11 @@ class EnvironmentSource(EnvSettingsSource):
             }
         return values
 
-    def prepare_field_value(
-        self, field_name: str, field: FieldInfo, value: Any, value_is_complex: bool
-    ) -> Any:
-        try:
-            return super().prepare_field_value(field_name, field, value, value_is_complex)
-        except ValueError:
-            self._loading.problems.append(
-                f"{environment_variable(field_name)} is not valid JSON; write it as a JSON object "
-                f"or set the {environment_variable(field_name)}__<NAME> variables instead"
-            )
-            return None
+    def _bad_json(self, field_name: str) -> str:
+        return (
+            f"{environment_variable(field_name)} is not valid JSON; write it as a JSON object "
+            f"or set the {environment_variable(field_name)}__<NAME> variables instead"
+        )
 
     def origin(self, name: str) -> Origin:
         variable = environment_variable(name)
@@ -611,7 +625,7 @@ class EnvironmentSource(EnvSettingsSource):
         return Origin(ENVIRONMENT, environment_variable(name.split(".")[0]))
 
 
-class SecretsDirectorySource(SecretsSettingsSource):
+class SecretsDirectorySource(_ReportsBadJson, SecretsSettingsSource):
     """pydantic-settings' secrets directory (Docker's /run/secrets, a Kubernetes secret volume).
 
     One file per setting, named like the variable in lower case: ``citadel_key``
@@ -648,17 +662,8 @@ class SecretsDirectorySource(SecretsSettingsSource):
             self._loading.problems.append(f"{exc} (in the secrets directory)")
             return None, key, is_complex
 
-    def prepare_field_value(
-        self, field_name: str, field: FieldInfo, value: Any, value_is_complex: bool
-    ) -> Any:
-        try:
-            return super().prepare_field_value(field_name, field, value, value_is_complex)
-        except ValueError:
-            self._loading.problems.append(
-                f"{self._path(field_name)} is not valid JSON; "
-                f"write the {field_name} table as a JSON object"
-            )
-            return None
+    def _bad_json(self, field_name: str) -> str:
+        return f"{self._path(field_name)} is not valid JSON; write the {field_name} table as a JSON object"
 
     def _path(self, field_name: str) -> Path:
         name = f"{ENV_PREFIX}{field_name}".lower()

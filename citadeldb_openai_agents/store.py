@@ -6,10 +6,10 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -168,25 +168,28 @@ class CitadelSessionStore:
         Raises:
             SessionNotFoundError: the file holds nothing under this id.
         """
-        self._check_open()
-        state = self._state(session_id)
-        if state.catalog_id is None and not state.segments:
+        erasure = self._on_session(self._state(session_id), SessionLayout.erase)
+        if erasure is None:
             raise self._not_found(session_id)
-        return self._on_session(state, SessionLayout.erase)
+        return erasure
 
     def sessions(self) -> list[SessionSummary]:
         """Every session holding a live item: its id, item count and first and last write."""
         self._check_open()
-        summaries = []
-        for state in self._layout.states():
-            times = self._on_session(state, SessionLayout.write_times)
-            if times is None:
-                continue
-            count = self._on_session(state, SessionLayout.count)
-            summaries.append(
-                SessionSummary(state.session_id, count, _from_micros(times[0]), _from_micros(times[1]))
-            )
-        return sorted(summaries, key=lambda summary: summary.session_id)
+        summaries = (self._summary(state) for state in self._layout.states())
+        return sorted((s for s in summaries if s is not None), key=lambda s: s.session_id)
+
+    def summary(self, session_id: str) -> SessionSummary | None:
+        """One session's item count and first and last write; None when it holds no live item."""
+        self._check_open()
+        return self._summary(self._state(session_id))
+
+    def _summary(self, state: SessionState) -> SessionSummary | None:
+        found = self._on_session(state, SessionLayout.summary)
+        if found is None:
+            return None
+        count, first, last = found
+        return SessionSummary(state.session_id, count, _from_micros(first), _from_micros(last))
 
     def export(self, session_id: str) -> list[Any]:
         """A session's items, oldest first, exactly as stored (for a data-access request).
@@ -238,14 +241,14 @@ class CitadelSessionStore:
         target = Path(destination).expanduser().resolve()
         if not target.parent.is_dir():
             raise DatabaseNotFoundError(f"cannot back up to {target}: {target.parent} does not exist.")
-        existing = [str(p) for p in _with_companions(target) if p.exists()]
+        existing = [p for p in _database.database_files(str(target)) if os.path.exists(p)]
         if existing:
             raise BackupExistsError(
                 f"refusing to overwrite {', '.join(existing)}: choose a new destination "
                 "(a backup never replaces files)."
             )
         self._database.on_owner_thread(lambda db: db.backup(str(target)))
-        return [str(p) for p in _with_companions(target) if p.exists()]
+        return [p for p in _database.database_files(str(target)) if os.path.exists(p)]
 
     def verify(self) -> IntegrityReport:
         """Citadel's integrity check of the file's pages, plus its verdict on every live item."""
@@ -390,10 +393,6 @@ def _shared_layout(database: _database.OpenDatabase, embedder: Any) -> SessionLa
 
 def _from_micros(micros: int) -> datetime:
     return datetime.fromtimestamp(micros / 1_000_000, tz=timezone.utc)
-
-
-def _with_companions(path: Path) -> list[Path]:
-    return [path, *(path.with_name(f"{path.name}.citadel-{part}") for part in ("keys", "audit", "regions", "atomkeys"))]
 
 
 def _check_ttl(ttl: float | None) -> float | None:

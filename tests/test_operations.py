@@ -22,6 +22,8 @@ async def test_sessions_lists_counts_and_write_times(store: CitadelSessionStore)
     assert [(s.session_id, s.items) for s in summaries] == [("a", 3), ("b", 1)]
     a = summaries[0]
     assert before <= a.first_write <= a.last_write <= datetime.now(timezone.utc)
+    assert store.summary("a") == a
+    assert store.summary("gone") is None and store.summary("never written") is None
 
 
 async def test_export_then_erase_then_export_shows_nothing(store: CitadelSessionStore) -> None:

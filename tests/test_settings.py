@@ -566,3 +566,17 @@ def test_the_example_file_loads_as_it_stands() -> None:
     settings = CitadelSettings(_config_file=EXAMPLE, key=PASSPHRASE)
 
     assert settings.config_file == EXAMPLE
+
+
+def test_a_table_that_is_not_json_is_listed_with_its_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CITADEL_KEY", "k")
+    monkeypatch.setenv("CITADEL_EMBEDDER", "{not json")
+    with pytest.raises(ConfigurationError, match="CITADEL_EMBEDDER is not valid JSON"):
+        CitadelSettings()
+    monkeypatch.delenv("CITADEL_EMBEDDER")
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / "citadel_embedder").write_text("{not json")
+    monkeypatch.setenv("CITADEL_SECRETS_DIR", str(secrets))
+    with pytest.raises(ConfigurationError, match="citadel_embedder is not valid JSON"):
+        CitadelSettings()
