@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 import citadeldb
 
+from .embedders import CITADEL_EMBEDDER_FAILURE, embedder_failed
 from .errors import (
     CitadelSessionError,
     CorruptDatabaseError,
@@ -61,18 +62,25 @@ def acquire(
     key: str,
     options: citadeldb.DatabaseOptions | None = None,
 ) -> OpenDatabase:
-    """Open `path` (or join the process's open handle to it) and take a reference."""
-    check_passphrase(key)
-    resolved = resolve_path(path)
-    with _registry_lock:
-        database = _registry.get(resolved)
-        if database is None:
-            database = OpenDatabase(resolved, key, options)
-            _registry[resolved] = database
-        else:
-            database.check_same_passphrase(key)
-        database.references += 1
-        return database
+    """Open `path` (or join the process's open handle to it) and take a reference.
+
+    The passphrase is deleted from every frame it passed through, on every path: an
+    error tracker that records a failed frame's locals must not record it.
+    """
+    try:
+        check_passphrase(key)
+        resolved = resolve_path(path)
+        with _registry_lock:
+            database = _registry.get(resolved)
+            if database is None:
+                database = OpenDatabase(resolved, key, options)
+                _registry[resolved] = database
+            else:
+                database.check_same_passphrase(key)
+            database.references += 1
+            return database
+    finally:
+        del key
 
 
 class OpenDatabase:
@@ -80,6 +88,18 @@ class OpenDatabase:
 
     def __init__(
         self, path: str, key: str, options: citadeldb.DatabaseOptions | None = None
+    ) -> None:
+        # The owner thread takes the passphrase out of `secret` and forgets it once the
+        # file is open; neither this frame nor the thread object keeps it (see `acquire`).
+        secret = [key]
+        del key
+        try:
+            self._start(path, secret, options)
+        finally:
+            secret.clear()
+
+    def _start(
+        self, path: str, secret: list[str], options: citadeldb.DatabaseOptions | None
     ) -> None:
         self.path = path
         self.references = 0
@@ -100,21 +120,23 @@ class OpenDatabase:
             )
         opened: Future[tuple[citadeldb.Database, Any]] = Future()
         self._thread = threading.Thread(
-            target=self._own, args=(key, options, opened), name=f"citadel-owner:{os.path.basename(path)}",
+            target=self._own, args=(secret, options, opened), name=f"citadel-owner:{os.path.basename(path)}",
             daemon=True,
         )
         self._thread.start()
         self._db, self.memory = opened.result()
 
     def _own(
-        self, key: str, options: citadeldb.DatabaseOptions | None, opened: Future[Any]
+        self, secret: list[str], options: citadeldb.DatabaseOptions | None, opened: Future[Any]
     ) -> None:
+        key = secret.pop()
         try:
             db = citadeldb.connect(self.path, key=key, region_keys=True, options=options)
         except BaseException as exc:  # handed to the opener, re-raised there
             opened.set_exception(translate_open_error(exc, self.path))
             return
-        del key
+        finally:
+            del key
         try:
             _refuse_lost_region_keys(db, self.path)
             # Opening the memory engine reads pages: a damaged file can fail here, after
@@ -168,7 +190,13 @@ class OpenDatabase:
                 self._idle.notify_all()
 
     def check_same_passphrase(self, key: str) -> None:
-        if not self.on_owner_thread(lambda db: db.verify_passphrase(key)):
+        keys = [key]
+        del key  # see `acquire`
+        try:
+            same = self.on_owner_thread(lambda db: db.verify_passphrase(keys[0]))
+        finally:
+            keys.clear()
+        if not same:
             raise WrongPassphraseError(
                 f"{self.path} is already open in this process with a different passphrase. "
                 "Use the same passphrase for every store and session on one file "
@@ -318,6 +346,8 @@ def translate_storage_error(exc: BaseException, path: str) -> BaseException:
     """
     if isinstance(exc, citadeldb.IntegrityError):
         return _corrupt(path, exc)
+    if isinstance(exc, citadeldb.OperationalError) and str(exc).startswith(CITADEL_EMBEDDER_FAILURE):
+        return embedder_failed(None, str(exc)[len(CITADEL_EMBEDDER_FAILURE):])
     # Both read as "this region's keys are gone"; a fresh file lacks these files legitimately
     # only until its first region is created, which the layout does on the first open.
     missing = _missing_companions(path, COMPANION_SUFFIXES)

@@ -13,7 +13,11 @@ from typing import Any, Protocol, runtime_checkable
 
 import citadeldb
 
+from .errors import EmbedderError
+
 DEFAULT_MOCK_DIM = 128
+# How citadeldb 2.7.0 reports an exception raised by the embedder it called.
+CITADEL_EMBEDDER_FAILURE = "embedding backend error: "
 
 
 @runtime_checkable
@@ -77,6 +81,38 @@ class LegacyEmbedderAdapter:
 
     def __repr__(self) -> str:
         return f"LegacyEmbedderAdapter({self._inner!r})"
+
+
+def embed_documents(embedder: Embedder, texts: list[str]) -> list[list[float]]:
+    """The vectors of `texts` as stored items, in one call; an embedder's failure as `EmbedderError`."""
+    return _vectors(embedder, embedder.embed_with_cancel, texts)
+
+
+def embed_query(embedder: Embedder, text: str) -> list[float]:
+    """The vector of a search query (the query side of an asymmetric model, when it has one)."""
+    embed = getattr(embedder, "embed_queries_with_cancel", embedder.embed_with_cancel)
+    return _vectors(embedder, embed, [text])[0]
+
+
+def _vectors(embedder: Embedder, embed: Any, texts: list[str]) -> list[list[float]]:
+    try:
+        vectors = embed(texts, None)
+    except Exception as exc:
+        raise embedder_failed(embedder.model_id, f"{type(exc).__name__}: {exc}") from exc
+    if len(vectors) != len(texts):
+        raise embedder_failed(embedder.model_id, f"it returned {len(vectors)} vectors for {len(texts)} texts")
+    # Citadel takes lists of Python floats; numpy arrays (what most models return) convert in C.
+    return [vector.tolist() if hasattr(vector, "tolist") else vector for vector in vectors]
+
+
+def embedder_failed(model_id: str | None, detail: str) -> EmbedderError:
+    """The error for an embedder that raised, naming the model, its error and the fix."""
+    named = f" {model_id!r}" if model_id else ""
+    return EmbedderError(
+        f"the embedder{named} failed ({detail}); nothing was written. Fix the embedder "
+        "(its model path, device, or the factory that builds it; "
+        "`python -m citadeldb_openai_agents check` loads the configured one) and retry."
+    )
 
 
 def _check_cancelled(cancel_token: Any) -> None:

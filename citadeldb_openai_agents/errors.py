@@ -40,6 +40,10 @@ class EmbedderMismatchError(CitadelSessionError, ValueError):
     """The file's items were embedded with another model than the one configured."""
 
 
+class EmbedderError(CitadelSessionError, RuntimeError):
+    """The embedder raised while embedding items or a query; nothing was written."""
+
+
 class InvalidItemError(CitadelSessionError, TypeError, ValueError):
     """An item in an ``add_items`` batch cannot be stored as JSON; nothing was written."""
 

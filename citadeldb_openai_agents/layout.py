@@ -29,12 +29,14 @@ import json
 import re
 import secrets
 import threading
+from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import citadeldb
 from citadeldb.memory import AtomHit, Memory
 
-from .embedders import Embedder, EmbedderIdentity
+from .embedders import Embedder, EmbedderIdentity, embed_documents, embed_query
 from .errors import EmbedderMismatchError
 from .items import ITEM_KIND, decode_item, is_user_message, search_text
 
@@ -222,28 +224,28 @@ class SessionLayout:
     ) -> None:
         """Store one batch atomically, in one segment.
 
-        Every item that is not the user's is indexed under the latest user message
+        Every item that is not the user's is embedded with the latest user message
         before it: a query matches the user's question better than the reply that
-        answers it, so the reply must carry the question's words and meaning too
-        (benchmarks/search_quality: all-MiniLM-L6-v2 recall@1 0.60 -> 0.71).
+        answers it, so the reply's vector must carry the question's meaning too
+        (benchmarks/search_quality). Its keyword text stays its own: the keyword
+        index is what a longer text makes a write pay for (+20% a turn), the
+        vector costs the same whatever it was computed from.
         """
         question = self._last_question(memory, state)
-        indexed = []
+        contextual = []
         for text, user in zip(texts, from_user):
             if user:
                 question = text
-                indexed.append(text)
-            else:
-                indexed.append(f"{question}\n{text}" if question else text)
-        texts = indexed
+            contextual.append(_in_context(question, text, user))
+        vectors = embed_documents(self.embedder, contextual)
         if state.catalog_id is None:
             entry = {"kind": "session", "text": "session", "payload": _catalog_payload(state.session_id)}
             state.catalog_id = memory.remember(CATALOG_REGION, entry)
         if expires_at is not None:
             self._erase_expired_head(memory, state)
         atoms = [
-            {"kind": ITEM_KIND, "text": text, "payload": payload}
-            for payload, text in zip(payloads, texts)
+            {"kind": ITEM_KIND, "text": text, "embedding": vector, "payload": payload}
+            for payload, text, vector in zip(payloads, texts, vectors)
         ]
         if expires_at is not None:
             for atom in atoms:
@@ -446,8 +448,7 @@ class SessionLayout:
         if not state.segments:
             return []
         # Embed the query once, not once per segment: a real model costs ~10 ms a call.
-        embed = getattr(self.embedder, "embed_queries_with_cancel", self.embedder.embed_with_cancel)
-        vector = embed([query], None)[0]
+        vector = embed_query(self.embedder, query)
         hits: list[AtomHit] = []
         for number in state.segments:
             region = self._region(memory, state, number)
@@ -497,10 +498,15 @@ def _region_names(memory: Memory) -> list[str]:
     would never open again (tests/test_crash.py found it). Dropping such a region
     again completes the drop; its atoms were unreadable since the first step.
     """
+    return [region.name for region in _regions(memory)]
+
+
+def _regions(memory: Memory) -> list[Any]:
+    """`_region_names`, with each region's recorded model (`citadeldb.RegionIdentity`)."""
     finished: set[str] = set()
     while True:
         try:
-            return [region.name for region in memory.regions()]
+            return list(memory.regions())
         except citadeldb.EncryptionError as exc:
             match = _FORGOTTEN_REGION.fullmatch(str(exc))
             if match is None or match.group(1) in finished:
@@ -525,22 +531,73 @@ def reembed_file(memory: Memory, embedder: Embedder) -> tuple[int, int]:
     """Re-embed every region of this layout from its stored text; record the new embedder.
 
     Runs before any `SessionLayout` is built on the file (its regions must not be
-    attached to the old embedder). Items, ids and keys are kept. Idempotent: if it
-    is interrupted, running it again finishes the job. Returns (regions, items).
+    attached to the old embedder). Items, ids and keys are kept, and each item's
+    vector is computed in context, as `append` computes it. Idempotent: if it is
+    interrupted, running it again finishes the job. Returns (regions, items).
     """
-    ours = [
-        name for name in _region_names(memory)
-        if name in (CATALOG_REGION, META_REGION) or _parse_segment(name)
-    ]
+    regions = {region.name: region for region in _regions(memory)}
+    names = list(regions)
+    segments: dict[str, list[int]] = {}
+    for name in names:
+        parsed = _parse_segment(name)
+        if parsed is not None:
+            segments.setdefault(parsed[0], []).append(parsed[1])
     items = 0
+    for hid, numbers in segments.items():
+        question = ""  # carried across a session's segments, in order
+        for number in sorted(numbers):
+            region = f"{SEGMENT_PREFIX}{hid}.{number}"
+            # Reading the items needs the region attached, to the model it was written with.
+            memory.create_encrypted_region(region, _StoredModel(regions[region]))
+            contexts: dict[str, deque[str]] = {}
+            for hit in memory.fetch(region, ITEM_KIND, limit=_ALL):
+                item = decode_item(hit.payload)
+                user = is_user_message(item)
+                if user:
+                    question = search_text(item)
+                contexts.setdefault(hit.text, deque()).append(_in_context(question, hit.text, user))
+            items += memory.reembed_region(region, _InContext(embedder, contexts)).atoms_migrated
     # The meta region last: it records the embedder, so it moves once the rest has.
-    for name in sorted(ours, key=lambda n: n == META_REGION):
-        migrated = memory.reembed_region(name, embedder).atoms_migrated
-        if name.startswith(SEGMENT_PREFIX):
-            items += migrated
+    for name in (CATALOG_REGION, META_REGION):
+        if name in names:
+            memory.reembed_region(name, embedder)
     found = memory.fetch(META_REGION, "layout", limit=1)
     if found:
         meta = dict(found[0].payload)
         meta["embedder"] = EmbedderIdentity.of(embedder).__dict__
         memory.update_atom_payload(META_REGION, found[0].id, meta)
-    return len(ours), items
+    migrated = sum(len(numbers) for numbers in segments.values())
+    return migrated + sum(name in names for name in (CATALOG_REGION, META_REGION)), items
+
+
+def _in_context(question: str, text: str, from_user: bool) -> str:
+    """What an item's vector is computed from: a reply's text after the question it answers."""
+    return f"{question}\n{text}" if question and not from_user else text
+
+
+class _StoredModel:
+    """A region's recorded model, to attach it by: reading needs no embedding."""
+
+    def __init__(self, region: Any) -> None:
+        self.dim, self.metric, self.model_id = region.dim, region.metric, region.model_id
+
+    def embed_with_cancel(self, texts: list[str], cancel_token: Any = None) -> list[list[float]]:
+        raise RuntimeError(f"{self.model_id!r} is not loaded; this region is being re-embedded")
+
+
+class _InContext:
+    """`embedder` as `reembed_region` should call it: each stored text embedded in context.
+
+    Citadel re-embeds a region from its atoms' stored texts, in id order; `contexts`
+    maps each live item's stored text to the texts its vectors come from, in id
+    order too. A text it does not know (an expired item) is embedded as it is.
+    """
+
+    def __init__(self, embedder: Embedder, contexts: dict[str, deque[str]]) -> None:
+        self.dim, self.metric, self.model_id = embedder.dim, embedder.metric, embedder.model_id
+        self._embedder = embedder
+        self._contexts = contexts
+
+    def embed_with_cancel(self, texts: list[str], cancel_token: Any = None) -> list[list[float]]:
+        in_context = [queue.popleft() if (queue := self._contexts.get(t)) else t for t in texts]
+        return self._embedder.embed_with_cancel(in_context, cancel_token)

@@ -121,6 +121,21 @@ async def test_reembed_keeps_every_item(make_store, db_path: Path, key: str) -> 
     assert reopened.embedder_identity.dim == 32
 
 
+async def test_reembed_embeds_each_reply_with_its_question(make_store, db_path: Path, key: str) -> None:
+    from test_search import RecordingEmbedder
+
+    store = make_store()
+    session = store.session("s")
+    await session.add_items([{"role": "user", "content": f"note {n}"} for n in range(255)])
+    await session.add_items([{"role": "user", "content": "where is the spare key?"}])  # ends segment 0
+    await session.add_items([{"role": "assistant", "content": "Under the blue pot."}])  # starts segment 1
+    store.close()
+    wider = RecordingEmbedder(dim=32)
+    reembed(db_path, key, wider)
+    assert "where is the spare key?\nUnder the blue pot." in wider.embedded
+    assert "Under the blue pot." not in wider.embedded
+
+
 @pytest.mark.embeddings
 async def test_real_model_finds_an_answer_sharing_no_word(make_store) -> None:
     from citadeldb_openai_agents.sentence_embedder import SentenceTransformerEmbedder

@@ -19,6 +19,7 @@ from citadeldb_openai_agents import (
     CitadelSessionStore,
     DatabaseLockedError,
     DatabaseNotFoundError,
+    EmbedderError,
     EmbedderMismatchError,
     EmptyPassphraseError,
     WrongPassphraseError,
@@ -144,6 +145,48 @@ async def test_file_embedded_with_another_model(make_store, db_path: Path) -> No
     with pytest.raises(EmbedderMismatchError, match="dim 64"):
         make_store(embedder=citadeldb.MockEmbedder(dim=64))
     assert await make_store().session("s").get_items() == [{"content": "x"}]
+
+
+class BrokenEmbedder:
+    """MockEmbedder until `broken` is set; then it raises, as a model whose weights went missing."""
+
+    def __init__(self) -> None:
+        self._inner = citadeldb.MockEmbedder(dim=16)
+        self.dim, self.metric, self.model_id = self._inner.dim, self._inner.metric, self._inner.model_id
+        self.broken = False
+
+    def embed_with_cancel(self, texts: list[str], cancel_token: Any = None) -> list[list[float]]:
+        if self.broken:
+            raise OSError("model.safetensors: No such file or directory")
+        return self._inner.embed_with_cancel(texts, cancel_token)
+
+
+async def test_an_embedder_that_fails_names_itself_and_writes_nothing(make_store) -> None:
+    embedder = BrokenEmbedder()
+    session = make_store(embedder=embedder).session("s")
+    await session.add_items([{"role": "user", "content": "kept"}])
+    embedder.broken = True
+    with pytest.raises(EmbedderError, match=r"mock.*OSError: model.safetensors.*nothing was written") as caught:
+        await session.add_items([{"role": "user", "content": "lost"}, {"role": "assistant", "content": "too"}])
+    assert isinstance(caught.value, CitadelSessionError) and "check" in str(caught.value)
+    with pytest.raises(EmbedderError, match="OSError"):
+        await session.search("kept")
+    embedder.broken = False
+    assert await session.get_items() == [{"role": "user", "content": "kept"}]
+    assert await session.search("kept", limit=1) == [{"role": "user", "content": "kept"}]
+
+
+async def test_reembed_with_a_failing_embedder_keeps_the_file(make_store, db_path: Path, key: str) -> None:
+    from citadeldb_openai_agents.store import reembed
+
+    store = make_store()
+    await store.session("s").add_items([{"role": "user", "content": "kept"}])
+    store.close()
+    broken = BrokenEmbedder()
+    broken.broken = True
+    with pytest.raises(EmbedderError, match="OSError: model.safetensors"):
+        reembed(db_path, key, broken)
+    assert await make_store().session("s").get_items() == [{"role": "user", "content": "kept"}]
 
 
 def test_reprs_and_messages_never_hold_the_passphrase(store: CitadelSessionStore, key: str, db_path: Path) -> None:

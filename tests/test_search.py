@@ -46,14 +46,38 @@ async def test_ranking_merges_segments_by_distance(make_store) -> None:
     assert (await session.search("office wifi password", limit=1)) == [ANSWER]
 
 
-async def test_a_popped_question_is_not_used_for_the_next_reply(store: CitadelSessionStore) -> None:
-    session = store.session("s")
+class RecordingEmbedder:
+    """MockEmbedder's vectors, with a record of every text it embedded for an item."""
+
+    def __init__(self, dim: int = 128) -> None:
+        self._inner = citadeldb.MockEmbedder(dim=dim)
+        self.dim, self.metric, self.model_id = self._inner.dim, self._inner.metric, self._inner.model_id
+        self.embedded: list[str] = []
+
+    def embed_with_cancel(self, texts: list[str], cancel_token: object = None) -> list[list[float]]:
+        self.embedded.extend(texts)
+        return self._inner.embed_with_cancel(texts, cancel_token)
+
+
+async def test_a_reply_is_embedded_with_its_question_but_keyword_indexed_alone(make_store) -> None:
+    embedder = RecordingEmbedder()
+    store = make_store(embedder=embedder)
+    await store.session("s").add_items([QUESTION, ANSWER])
+    question, answer = QUESTION["content"], ANSWER["content"][0]["text"]
+    items_embedded = [text for text in embedder.embedded if text not in ("layout", "session")]  # meta, catalog
+    assert items_embedded == [question, f"{question}\n{answer}"]
+    [region] = store._layout.segment_regions(store._layout.state("s"))
+    atoms = store._database.memory.fetch(region, "item", limit=10)
+    assert [atom.text for atom in atoms] == [question, answer]  # what the keyword index holds
+
+
+async def test_a_popped_question_is_not_used_for_the_next_reply(make_store) -> None:
+    embedder = RecordingEmbedder()
+    session = make_store(embedder=embedder).session("s")
     await session.add_items([{"role": "user", "content": "tell me about llamas"}])
     await session.pop_item()
     await session.add_items([{"role": "assistant", "content": "They are smaller."}])
-    [region] = store._layout.segment_regions(store._layout.state("s"))
-    [atom] = store._database.memory.fetch(region, "item", limit=10)  # the text Citadel indexed
-    assert atom.text == "They are smaller."
+    assert embedder.embedded[-1] == "They are smaller."
 
 
 async def test_a_larger_page_cache_is_an_option(make_store) -> None:

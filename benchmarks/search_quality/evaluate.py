@@ -22,8 +22,7 @@ temporary directory.
   answers spread over four segments), one file per session; quality again.
 * latency: ``await session.search(q, limit=5)`` on a 1,000-item session through
   the public API, alone in its file and in a file of 6,000 items, with Citadel's
-  default page cache and with a larger one (a harness-only patch of the store's
-  DatabaseOptions); plus the query embedding alone.
+  default page cache and with a larger one (the store's ``cache_size``); plus the query embedding alone.
 
 Recall@1, recall@5 and MRR (reciprocal rank of the answer in the top 5, 0 when
 absent). A query is "paraphrastic" when no content-word stem of it occurs in the
@@ -47,8 +46,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -57,7 +55,6 @@ from typing import Any, NamedTuple
 import citadeldb
 from citadeldb import RecallOptions
 
-import citadeldb_openai_agents.store as store_module
 from citadeldb_openai_agents import CitadelSessionStore
 from citadeldb_openai_agents.items import ITEM_KIND, search_text
 from citadeldb_openai_agents.layout import SEGMENT_CAPACITY
@@ -282,8 +279,8 @@ class MemoisedEmbedder:
 # -- the package, through its public API -------------------------------------------------
 
 
-def open_store(path: str, embedder: Any) -> CitadelSessionStore:
-    return CitadelSessionStore(path, KEY, embedder=embedder, argon2_profile="iot")
+def open_store(path: str, embedder: Any, cache_size: int | None = None) -> CitadelSessionStore:
+    return CitadelSessionStore(path, KEY, embedder=embedder, argon2_profile="iot", cache_size=cache_size)
 
 
 async def fill(store: CitadelSessionStore, session: Session, batch: int | None = None) -> None:
@@ -301,28 +298,9 @@ async def package_tops(store: CitadelSessionStore, queries: list[Query]) -> dict
     return {q.id: await store.session(q.session).search(q.text, limit=LIMIT) for q in queries}
 
 
-@contextmanager
-def page_cache(pages: int | None) -> Iterator[None]:
-    """Open stores with Citadel's `cache_size` (pages): a harness-only patch of store.py's options."""
-    if pages is None:
-        yield
-        return
-    original = store_module._database_options
-
-    def with_cache(argon2_profile: Any, sync_mode: Any) -> citadeldb.DatabaseOptions:
-        return citadeldb.DatabaseOptions(argon2_profile=argon2_profile, sync_mode=sync_mode, cache_size=pages)
-
-    store_module._database_options = with_cache
-    try:
-        yield
-    finally:
-        store_module._database_options = original
-
-
 async def search_latency(path: str, embedder: Any, session_id: str, texts: list[str], pages: int | None) -> list[float]:
     """Times (ms) of `await session.search(q, limit=5)`, one per text, after reopening the file."""
-    with page_cache(pages):
-        store = open_store(path, embedder)
+    store = open_store(path, embedder, cache_size=pages)
     try:
         handle = store.session(session_id)
         for text in texts[:LATENCY_WARMUP]:
@@ -354,7 +332,7 @@ def summary(samples: list[float]) -> dict[str, float]:
 
 # -- variants, on raw citadeldb in the package's layout ---------------------------------------
 
-TextOf = Callable[[list[dict[str, Any]], int], str]
+TextOf = Callable[[list[dict[str, Any]], int], "str | tuple[str, str]"]
 
 
 def own_text(items: list[dict[str, Any]], index: int) -> str:
@@ -371,7 +349,18 @@ def question_and_own_text(items: list[dict[str, Any]], index: int) -> str:
     return own if question is None else question + "\n" + own
 
 
-TEXTS: dict[str, TextOf] = {"own": own_text, "question+own": question_and_own_text}
+def question_in_vector_only(items: list[dict[str, Any]], index: int) -> tuple[str, str]:
+    """(keyword text, embedded text): the item's own text for the keyword index, the
+    question with it for the vector. The keyword index grows with the text and so does
+    the cost of a write (+20% per turn for question+own); the vector does not."""
+    return own_text(items, index), question_and_own_text(items, index)
+
+
+TEXTS: dict[str, TextOf] = {
+    "own": own_text,
+    "question+own": question_and_own_text,
+    "question in vector only": question_in_vector_only,
+}
 
 
 @dataclass(frozen=True)
@@ -415,7 +404,7 @@ class Variant:
 
 
 BASELINE = Variant()
-RECOMMENDED_TEXT = "question+own"
+RECOMMENDED_TEXT = "question in vector only"
 RECOMMENDED = Variant(merge="distance", users="penalised", penalty=1.3)
 # What the package does (adopted from RECOMMENDED): the raw emulation must match it exactly.
 PACKAGE_TEXT, PACKAGE = RECOMMENDED_TEXT, RECOMMENDED
@@ -472,7 +461,12 @@ class RawIndex:
             atoms = []
             for item in turn:
                 payload = json.dumps(item, ensure_ascii=False, separators=(",", ":"))
-                atoms.append({"kind": ITEM_KIND, "text": text_of(session.items, position), "payload": payload})
+                text = text_of(session.items, position)
+                atom = {"kind": ITEM_KIND, "text": text, "payload": payload}
+                if isinstance(text, tuple):  # (keyword text, embedded text)
+                    atom["text"] = text[0]
+                    atom["embedding"] = list(self.embedder.embed_with_cancel([text[1]])[0])
+                atoms.append(atom)
                 position += 1
             # As layout.py: a batch lands in one segment; a new one starts once the tail holds 256.
             if not regions or stored >= SEGMENT_CAPACITY:
