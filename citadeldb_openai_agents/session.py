@@ -46,25 +46,28 @@ class CitadelSession:
         embedder: Any | None = None,
         ttl: float | None = None,
     ) -> None:
-        if not isinstance(session_id, str):
-            raise TypeError(f"session_id must be a str, not {type(session_id).__name__}")
-        if store is not None:
-            given = [
-                name
-                for name, value in (("db_path", db_path), ("key", key), ("embedder", embedder), ("ttl", ttl))
-                if value is not None
-            ]
-            if given:
-                raise TypeError(
-                    f"CitadelSession(store=...) takes its file and settings from the store; "
-                    f"do not also pass {', '.join(given)}."
-                )
-            self._owns_store = False
-        else:
-            if db_path is None:
-                raise TypeError("CitadelSession needs either db_path and key, or store=")
-            store = CitadelSessionStore(db_path, key, embedder=embedder, ttl=ttl)  # type: ignore[arg-type]
-            self._owns_store = True
+        try:
+            if not isinstance(session_id, str):
+                raise TypeError(f"session_id must be a str, not {type(session_id).__name__}")
+            if store is not None:
+                given = [
+                    name
+                    for name, value in (("db_path", db_path), ("key", key), ("embedder", embedder), ("ttl", ttl))
+                    if value is not None
+                ]
+                if given:
+                    raise TypeError(
+                        f"CitadelSession(store=...) takes its file and settings from the store; "
+                        f"do not also pass {', '.join(given)}."
+                    )
+                self._owns_store = False
+            else:
+                if db_path is None:
+                    raise TypeError("CitadelSession needs either db_path and key, or store=")
+                store = CitadelSessionStore(db_path, key, embedder=embedder, ttl=ttl)  # type: ignore[arg-type]
+                self._owns_store = True
+        finally:
+            del key  # error trackers record a failed frame's locals (see database.acquire)
         self.session_id = session_id
         self.session_settings = session_settings if session_settings is not None else SessionSettings()
         self._store = store

@@ -98,15 +98,18 @@ class CitadelSessionStore:
         sync_mode: SyncMode | None = None,
         cache_size: int | None = None,
     ) -> None:
-        _database.check_passphrase(key)
-        self._ttl = _check_ttl(ttl)
-        self.session_settings = session_settings
-        resolved_embedder = resolve_embedder(embedder)
-        options = _database_options(argon2_profile, sync_mode, cache_size)
-        self._closed = False
-        self._close_lock = threading.Lock()
-        self._database = _database.acquire(path, key, options)
-        del key
+        try:
+            _database.check_passphrase(key)
+            self._ttl = _check_ttl(ttl)
+            self.session_settings = session_settings
+            resolved_embedder = resolve_embedder(embedder)
+            options = _database_options(argon2_profile, sync_mode, cache_size)
+            self._closed = False
+            self._close_lock = threading.Lock()
+            self._database = _database.acquire(path, key, options)
+        finally:
+            # Gone from this frame on every path: error trackers record a failed frame's locals.
+            del key
         try:
             self._layout = _shared_layout(self._database, resolved_embedder)
         except BaseException:
@@ -210,23 +213,17 @@ class CitadelSessionStore:
             WrongPassphraseError: `current_key` is not the file's passphrase.
             EmptyPassphraseError: `new_key` is empty.
         """
-        self._check_open()
-        _database.check_passphrase(new_key)
-        if new_key == current_key:
-            raise ValueError("the new passphrase is the current one; choose a different one.")
-
-        def rotate(db: citadeldb.Database) -> bool:
-            if not db.verify_passphrase(current_key):
-                return False
-            db.change_passphrase(current_key, new_key)
-            if not db.verify_passphrase(new_key) or db.verify_passphrase(current_key):
-                raise CitadelSessionError(
-                    f"the passphrase of {self.path} did not verify after the change; "
-                    "restore the file from a backup before using it."
-                )
-            return True
-
-        if not self._database.on_owner_thread(rotate):
+        keys = [current_key, new_key]
+        del current_key, new_key  # see __init__: only `keys` holds them, and it is emptied
+        try:
+            self._check_open()
+            _database.check_passphrase(keys[1])
+            if keys[1] == keys[0]:
+                raise ValueError("the new passphrase is the current one; choose a different one.")
+            rotated = self._database.on_owner_thread(lambda db: _rotate(db, self.path, *keys))
+        finally:
+            keys.clear()
+        if not rotated:
             raise WrongPassphraseError(
                 f"the current passphrase given for {self.path} is wrong; nothing was changed."
             )
@@ -359,9 +356,11 @@ def reembed(
     The fix for `EmbedderMismatchError`: after it, the file opens with `embedder`.
     The file must not be open elsewhere in this process or in another process.
     """
-    resolved_embedder = resolve_embedder(embedder)
-    database = _database.acquire(path, key)
-    del key
+    try:
+        resolved_embedder = resolve_embedder(embedder)
+        database = _database.acquire(path, key)
+    finally:
+        del key  # see CitadelSessionStore.__init__
     try:
         with database.setup_lock:
             if database.layout is not None:
@@ -389,6 +388,19 @@ def _shared_layout(database: _database.OpenDatabase, embedder: Any) -> SessionLa
                 f"{EmbedderIdentity.of(embedder).model_id!r}. Use one embedder per file."
             )
         return layout
+
+
+def _rotate(db: citadeldb.Database, path: str, current_key: str, new_key: str) -> bool:
+    """Change the passphrase and check that only the new one opens the file; False if `current_key` is wrong."""
+    if not db.verify_passphrase(current_key):
+        return False
+    db.change_passphrase(current_key, new_key)
+    if not db.verify_passphrase(new_key) or db.verify_passphrase(current_key):
+        raise CitadelSessionError(
+            f"the passphrase of {path} did not verify after the change; "
+            "restore the file from a backup before using it."
+        )
+    return True
 
 
 def _from_micros(micros: int) -> datetime:

@@ -43,6 +43,31 @@ def leaked(text: str) -> list[str]:
     return [secret for secret in SECRETS if secret in text]
 
 
+def secrets_in_frames(error: BaseException) -> list[str]:
+    """Secrets held by the locals of any frame an error (or one in its chain) carries.
+
+    Error trackers (Sentry and the like) record these locals; a frame of the test itself
+    (the first: it calls with the secret in hand) is not the library's.
+    """
+    found, seen = [], set()
+    pending: list[BaseException | None] = [error]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        pending += [current.__cause__, current.__context__]
+        tb = current.__traceback__
+        while tb is not None:
+            frame = tb.tb_frame
+            if frame.f_code.co_filename != __file__:
+                for name, value in frame.f_locals.items():
+                    values = value if isinstance(value, (list, tuple)) else [value]
+                    found += [f"{frame.f_code.co_name}:{name}" for v in values if isinstance(v, str) and leaked(v)]
+            tb = tb.tb_next
+    return found
+
+
 def described(error: BaseException) -> str:
     """Everything an error shows: message, repr, args, and the whole chain with tracebacks."""
     return "\n".join(
@@ -182,6 +207,7 @@ async def test_no_failure_shows_the_passphrase(original: Path, tmp_path: Path, e
         with pytest.raises(expected) as caught:
             await asyncio.to_thread(call)  # type: ignore[arg-type]
         assert not leaked(described(caught.value)), f"{name}: {described(caught.value)}"
+        assert not secrets_in_frames(caught.value), f"{name}: {secrets_in_frames(caught.value)}"
         seen.append(name)
     assert len(seen) == 12
     assert_nothing_leaked(every_log_record, capfd)
