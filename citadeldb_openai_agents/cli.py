@@ -27,7 +27,7 @@ from .config import (
 from .errors import CitadelSessionError, CorruptDatabaseError, DatabaseLockedError
 from .layout import Erasure
 from .settings import CitadelSettings, ConfigurationError, ConfigurationWarning, read_key_file
-from .store import CitadelSessionStore, IntegrityReport, SessionSummary
+from .store import DEFAULT_CACHE_PAGES, CitadelSessionStore, IntegrityReport, SessionSummary
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -228,9 +228,14 @@ def _print_report(report: CheckReport) -> None:
         print(f"  - {problem}", file=sys.stderr)
 
 
+# What an unset setting means, where it is not simply "nothing" (the store decides it).
+_UNSET_MEANS = {"ttl": "keep forever", "cache_size": f"{DEFAULT_CACHE_PAGES} pages"}
+
+
 def _text(name: str, value: Any) -> str:
     if value is None:
-        return "unset (keep forever)" if name == "ttl" else "unset"
+        meaning = _UNSET_MEANS.get(name)
+        return f"unset ({meaning})" if meaning else "unset"
     if isinstance(value, list):
         return ", ".join(value) if value else "none"
     if name == "ttl":

@@ -192,8 +192,8 @@ class CitadelSettings(BaseSettings):
     )
     # Memory against speed: search and reads in large files are page-cache bound.
     cache_size: PositiveInt | None = Field(
-        None, description="Citadel's page cache in pages for this process (e.g. 20000); "
-        "larger makes search in big files faster and uses more memory"
+        None, description="Citadel's page cache in pages of ~8 KiB for this process (default 16384, "
+        "~128 MiB at most, filled as pages are read); search is fast while it holds the file"
     )
 
     _provenance: dict[str, Provenance] = PrivateAttr(default_factory=dict)

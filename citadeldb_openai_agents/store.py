@@ -78,9 +78,11 @@ class CitadelSessionStore:
             "desktop", "server"); an existing file keeps the profile it was made with.
         sync_mode: Citadel's durability for a new file: "full" (default, each write
             fsynced), "normal", or "off" (fast, loses recent writes on power loss).
-        cache_size: Citadel's page cache, in pages, for this process. Larger caches
-            make search and reads in big files faster (a 1,000-item session's search
-            with all-MiniLM-L6-v2: 87 ms at the default, 41 ms at 20,000) for more memory.
+        cache_size: Citadel's page cache, in pages of ~8 KiB, for this process; default
+            `DEFAULT_CACHE_PAGES` (16,384: at most ~128 MiB, filled only as pages are
+            read). Search is fast only while the cache holds the file (a 1,000-item
+            session's search with all-MiniLM-L6-v2: ~90 ms at Citadel's own default of
+            under 1,000 pages, ~40 ms with the file cached).
 
     Stores (and `CitadelSession` objects) on the same file in one process share
     one open database; a different passphrase for an open file is refused.
@@ -417,11 +419,16 @@ def _check_ttl(ttl: float | None) -> float | None:
     return float(ttl)
 
 
+# Citadel's own default (under 1,000 pages) does not hold a 1,000-item session's segments,
+# and recall then re-reads and re-decrypts pages on every search (benchmarks/search_quality).
+DEFAULT_CACHE_PAGES = 16_384
+
+
 def _database_options(
     argon2_profile: Argon2Profile | None, sync_mode: SyncMode | None, cache_size: int | None = None
-) -> citadeldb.DatabaseOptions | None:
-    if argon2_profile is None and sync_mode is None and cache_size is None:
-        return None
+) -> citadeldb.DatabaseOptions:
+    if cache_size is None:
+        cache_size = DEFAULT_CACHE_PAGES
     if argon2_profile not in (None, "iot", "desktop", "server"):
         raise ValueError(f"argon2_profile must be 'iot', 'desktop' or 'server', not {argon2_profile!r}")
     if sync_mode not in (None, "full", "normal", "off"):

@@ -80,6 +80,23 @@ async def test_a_popped_question_is_not_used_for_the_next_reply(make_store) -> N
     assert embedder.embedded[-1] == "They are smaller."
 
 
+def test_the_page_cache_defaults_to_holding_a_large_file(make_store, monkeypatch: pytest.MonkeyPatch) -> None:
+    from citadeldb_openai_agents.store import DEFAULT_CACHE_PAGES
+
+    asked: list[dict[str, object]] = []
+    real = citadeldb.DatabaseOptions
+
+    def recording(**options: object) -> object:
+        asked.append(options)
+        return real(**options)
+
+    monkeypatch.setattr(citadeldb, "DatabaseOptions", recording)
+    make_store().close()
+    make_store(cache_size=500).close()
+    assert [options["cache_size"] for options in asked] == [DEFAULT_CACHE_PAGES, 500]
+    assert DEFAULT_CACHE_PAGES * 8 * 1024 <= 128 * 2**20  # pages of ~8 KiB: at most ~128 MiB
+
+
 async def test_a_larger_page_cache_is_an_option(make_store) -> None:
     store = make_store(cache_size=20_000)
     await store.session("s").add_items([QUESTION, ANSWER])
