@@ -111,6 +111,7 @@ class OpenDatabase:
         )
         self._closed = False
         self._in_flight = 0
+        self._paused = False  # set by `exclusive`
         self._idle = threading.Condition()
         directory = os.path.dirname(path) or "."
         if not os.path.isdir(directory):
@@ -169,6 +170,8 @@ class OpenDatabase:
     def operation(self) -> Iterator[citadeldb.memory.Memory]:
         """Hold the file open for one memory operation; `close` waits for it to finish."""
         with self._idle:
+            while self._paused and not self._closed:
+                self._idle.wait()
             if self._closed:
                 raise SessionClosedError(f"the store for {self.path} is closed")
             self._in_flight += 1
@@ -187,6 +190,25 @@ class OpenDatabase:
         finally:
             with self._idle:
                 self._in_flight -= 1
+                self._idle.notify_all()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Run no memory operation while this is held; wait for those under way first.
+
+        For file-level work that must see the file still (a backup and its audit log).
+        """
+        with self._idle:
+            while self._paused:
+                self._idle.wait()
+            self._paused = True
+            while self._in_flight:
+                self._idle.wait()
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._paused = False
                 self._idle.notify_all()
 
     def check_same_passphrase(self, key: str) -> None:

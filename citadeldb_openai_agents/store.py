@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -246,7 +247,8 @@ class CitadelSessionStore:
                 f"refusing to overwrite {', '.join(existing)}: choose a new destination "
                 "(a backup never replaces files)."
             )
-        self._database.on_owner_thread(lambda db: db.backup(str(target)))
+        with self._database.exclusive():  # the audit log must describe the data it goes with
+            self._database.on_owner_thread(lambda db: _backup_with_audit(db, self.path, str(target)))
         return [p for p in _database.database_files(str(target)) if os.path.exists(p)]
 
     def verify(self) -> IntegrityReport:
@@ -390,6 +392,18 @@ def _shared_layout(database: _database.OpenDatabase, embedder: Any) -> SessionLa
                 f"{EmbedderIdentity.of(embedder).model_id!r}. Use one embedder per file."
             )
         return layout
+
+
+def _backup_with_audit(db: citadeldb.Database, path: str, target: str) -> None:
+    """`db.backup`, plus a copy of the audit log, which Citadel's backup leaves out.
+
+    The log records erasures and backups; an auditor reading a restored file needs it.
+    A backup opens and appends to its copy like the original (tests/test_operations.py).
+    """
+    db.backup(target)
+    audit = path + _database.AUDIT_SUFFIX
+    if os.path.exists(audit):
+        shutil.copyfile(audit, target + _database.AUDIT_SUFFIX)
 
 
 def _rotate(db: citadeldb.Database, path: str, current_key: str, new_key: str) -> bool:

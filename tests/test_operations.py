@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -64,6 +65,44 @@ async def test_backup_restores_and_refuses_to_overwrite(store: CitadelSessionSto
     await store.session("s").clear_session()
     with CitadelSessionStore(tmp_path / "backups" / "copy.cdl", key) as restored:
         assert await restored.session("s").get_items() == [{"n": 1}]
+
+
+async def test_a_backup_keeps_the_audit_log(store: CitadelSessionStore, db_path: Path, tmp_path: Path, key: str) -> None:
+    await store.session("gone").add_items([{"n": 1}])
+    await store.session("kept").add_items([{"n": 2}])
+    store.erase_session("gone")  # Citadel's audit log records the erasure
+    before = Path(f"{db_path}.citadel-audit").read_bytes()
+    written = store.backup(tmp_path / "copy.cdl")
+    audit = Path(f"{db_path}.citadel-audit").read_bytes()  # the backup is logged too
+    copied = tmp_path / "copy.cdl.citadel-audit"
+    assert str(copied) in written and copied.read_bytes() == audit and len(audit) > len(before) > 0
+    store.close()
+    with CitadelSessionStore(tmp_path / "copy.cdl", key) as restored:
+        assert restored.session_ids() == ["kept"] and restored.verify().ok
+        await restored.session("kept").clear_session()
+    assert len(copied.read_bytes()) > len(audit)  # the copy goes on as the backup's own log
+
+
+async def test_a_backup_waits_for_writes_under_way_and_holds_a_prefix(
+    store: CitadelSessionStore, tmp_path: Path, key: str
+) -> None:
+    session = store.session("busy")
+
+    async def writer() -> None:
+        for n in range(60):
+            await session.add_items([{"n": n}])
+
+    task = asyncio.create_task(writer())
+    backups = []
+    for number in range(3):
+        await asyncio.sleep(0.05)
+        backups.append(await asyncio.to_thread(store.backup, tmp_path / f"copy{number}.cdl"))
+    await task
+    assert await session.get_items() == [{"n": n} for n in range(60)]
+    for number in range(3):
+        with CitadelSessionStore(tmp_path / f"copy{number}.cdl", key) as restored:
+            items = await restored.session("busy").get_items()
+            assert items == [{"n": n} for n in range(len(items))]
 
 
 async def test_verify_reports_a_healthy_file(store: CitadelSessionStore) -> None:
