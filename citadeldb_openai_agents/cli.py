@@ -561,6 +561,8 @@ def _integrity_dict(report: IntegrityReport) -> dict[str, Any]:
         "pages_checked": report.pages_checked,
         "page_errors": list(report.page_errors),
         "item_verdicts": dict(report.item_verdicts),
+        "audit_entries": report.audit_entries,
+        "audit_break_at": report.audit_break_at,
     }
 
 
@@ -572,21 +574,26 @@ def _print_integrity(path: str, report: IntegrityReport) -> None:
         print(f"  - {error}")
     verdicts = ", ".join(f"{count} {verdict}" for verdict, count in sorted(report.item_verdicts.items()))
     print(f"items:         {verdicts or 'none'}")
+    if report.audit_break_at is None:
+        print(f"audit log:     {_count(report.audit_entries, 'entry', 'entries')} verified, chain intact")
+    else:
+        print(f"audit log:     chain broken at entry {report.audit_break_at}; the log was altered")
     sys.stdout.flush()
     if report.ok:
         print("OK: no damage or tampering found.")
         return
     bad_items = sum(count for verdict, count in report.item_verdicts.items() if verdict != "authentic")
+    audit = "" if report.audit_break_at is None else ", the audit log altered"
     print(
         f"verify: FAILED ({_count(len(report.page_errors), 'page error')}, "
-        f"{_count(bad_items, 'item')} not authentic). Restore the file and its companion files "
+        f"{_count(bad_items, 'item')} not authentic{audit}). Restore the file and its companion files "
         "from a backup.",
         file=sys.stderr,
     )
 
 
-def _count(number: int, noun: str) -> str:
-    return f"{number} {noun}{'' if number == 1 else 's'}"
+def _count(number: int, noun: str, plural: str | None = None) -> str:
+    return f"{number} {noun if number == 1 else plural or noun + 's'}"
 
 
 def _utc(moment: datetime) -> str:

@@ -59,6 +59,10 @@ class IntegrityReport:
     pages_checked: int
     page_errors: list[str]
     item_verdicts: dict[str, int]
+    # Citadel's audit log (erasures, backups) is an HMAC chain: entries verified, and the
+    # first entry that breaks it (None when intact, or when the file keeps no log).
+    audit_entries: int = 0
+    audit_break_at: int | None = None
 
 
 class CitadelSessionStore:
@@ -254,17 +258,19 @@ class CitadelSessionStore:
     def verify(self) -> IntegrityReport:
         """Citadel's integrity check of the file's pages, plus its verdict on every live item."""
         self._check_open()
-        report = self._database.on_owner_thread(lambda db: db.integrity_check())
+        report, audit = self._database.on_owner_thread(lambda db: (db.integrity_check(), _audit_chain(db)))
         verdicts: dict[str, int] = {}
         for state in self._layout.states():
             for verdict, count in self._on_session(state, SessionLayout.attest).items():
                 verdicts[verdict] = verdicts.get(verdict, 0) + count
         bad_items = sum(count for verdict, count in verdicts.items() if verdict != "authentic")
         return IntegrityReport(
-            ok=bool(report["ok"]) and bad_items == 0,
+            ok=bool(report["ok"]) and bad_items == 0 and audit["chain_valid"],
             pages_checked=int(report["pages_checked"]),
             page_errors=[str(error["message"]) for error in report["errors"]],
             item_verdicts=verdicts,
+            audit_entries=int(audit["entries_verified"]),
+            audit_break_at=None if audit["chain_valid"] else int(audit["chain_break_at"] or 0),
         )
 
     def _not_found(self, session_id: str) -> SessionNotFoundError:
@@ -392,6 +398,13 @@ def _shared_layout(database: _database.OpenDatabase, embedder: Any) -> SessionLa
                 f"{EmbedderIdentity.of(embedder).model_id!r}. Use one embedder per file."
             )
         return layout
+
+
+def _audit_chain(db: citadeldb.Database) -> dict[str, Any]:
+    """Citadel's check of the audit log's HMAC chain; an intact empty chain without a log."""
+    if db.audit_log_path() is None:
+        return {"entries_verified": 0, "chain_valid": True, "chain_break_at": None}
+    return dict(db.verify_audit_log())
 
 
 def _backup_with_audit(db: citadeldb.Database, path: str, target: str) -> None:

@@ -13,6 +13,7 @@ import io
 import json
 import os
 import pty
+import re
 import select
 import shutil
 import subprocess
@@ -413,7 +414,25 @@ def test_verify_an_intact_file_exits_0(
     assert code == 0
     assert "page errors:   none" in out
     assert "items:         3 authentic" in out
+    assert re.search(r"audit log:     \d+ entr(y|ies) verified, chain intact", out)
     assert "OK: no damage or tampering found." in out
+
+
+def test_verify_finds_an_altered_audit_log(database: Path, tmp_path: Path) -> None:
+    (tmp_path / "copy").mkdir()
+    copy = tmp_path / "copy" / "agent.cdl"
+    with CitadelSessionStore(database, PASSPHRASE) as store:
+        store.backup(copy)  # the backup's audit log holds at least the backup's own entry
+    log = Path(f"{copy}.citadel-audit")
+    altered = bytearray(log.read_bytes())
+    altered[len(altered) // 2] ^= 0x01
+    log.write_bytes(bytes(altered))
+    verified = run("verify", "--json", env=environment(copy))
+    report = json.loads(verified.stdout)
+    assert verified.returncode == 1 and report["ok"] is False and report["audit_break_at"] is not None
+    assert report["page_errors"] == [] and report["item_verdicts"] == {"authentic": 3}
+    text = run("verify", env=environment(copy))
+    assert "chain broken at entry" in text.stdout and "the audit log altered" in text.stderr
 
 
 def test_verify_a_tampered_copy_exits_1_with_a_report(database: Path, tmp_path: Path) -> None:

@@ -428,6 +428,8 @@ def variant_grid(scope: str, quick: bool) -> list[tuple[str, Variant]]:
         Variant(merge="distance", users="penalised", penalty=1.2),
         RECOMMENDED,
         Variant(merge="distance", users="penalised", penalty=1.5),
+        # Candidates by vector alone: is the per-segment hybrid recall what limits the merge?
+        Variant(weights=(1, 0, 0, 0), merge="distance", users="penalised", penalty=1.3),
     ]
     if scope == "scale":
         chosen = [v for v in chosen if v.penalty not in (1.2, 1.5)]
