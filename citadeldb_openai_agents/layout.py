@@ -553,9 +553,10 @@ def reembed_file(memory: Memory, embedder: Embedder) -> tuple[int, int]:
             for hit in memory.fetch(region, ITEM_KIND, limit=_ALL):
                 item = decode_item(hit.payload)
                 user = is_user_message(item)
+                own = search_text(item)  # not hit.text: files written before 2026-11-30 hold question+own there
                 if user:
-                    question = search_text(item)
-                contexts.setdefault(hit.text, deque()).append(_in_context(question, hit.text, user))
+                    question = own
+                contexts.setdefault(hit.text, deque()).append(_in_context(question, own, user))
             items += memory.reembed_region(region, _InContext(embedder, contexts)).atoms_migrated
     # The meta region last: it records the embedder, so it moves once the rest has.
     for name in (CATALOG_REGION, META_REGION):

@@ -136,6 +136,25 @@ async def test_reembed_embeds_each_reply_with_its_question(make_store, db_path: 
     assert "Under the blue pot." not in wider.embedded
 
 
+async def test_reembed_of_a_file_that_kept_the_question_in_the_keyword_text(make_store, db_path: Path, key: str) -> None:
+    from test_search import RecordingEmbedder
+
+    store = make_store()
+    await store.session("s").add_items([{"role": "user", "content": "where is the spare key?"}])
+    # A reply as files written before 2026-11-30 stored it: its keyword text held the question.
+    state = store._layout.state("s")
+    [region] = store._layout.segment_regions(state)
+    store._database.memory.remember_batch(region, [{
+        "kind": "item", "text": "where is the spare key?\nUnder the blue pot.",
+        "payload": '{"role":"assistant","content":"Under the blue pot."}',
+    }])
+    store.close()
+    wider = RecordingEmbedder(dim=32)
+    reembed(db_path, key, wider)
+    assert "where is the spare key?\nUnder the blue pot." in wider.embedded
+    assert not any(text.count("spare key") > 1 for text in wider.embedded)
+
+
 @pytest.mark.embeddings
 async def test_real_model_finds_an_answer_sharing_no_word(make_store) -> None:
     from citadeldb_openai_agents.sentence_embedder import SentenceTransformerEmbedder
