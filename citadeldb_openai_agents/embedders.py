@@ -8,6 +8,7 @@ models, ``embed_queries_with_cancel``) and reads ``dim``, ``metric`` and
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -102,7 +103,16 @@ def _vectors(embedder: Embedder, embed: Any, texts: list[str]) -> list[list[floa
     if len(vectors) != len(texts):
         raise embedder_failed(embedder.model_id, f"it returned {len(vectors)} vectors for {len(texts)} texts")
     # Citadel takes lists of Python floats; numpy arrays (what most models return) convert in C.
-    return [vector.tolist() if hasattr(vector, "tolist") else vector for vector in vectors]
+    vectors = [vector.tolist() if hasattr(vector, "tolist") else list(vector) for vector in vectors]
+    for vector in vectors:
+        # Citadel would refuse these too, with an error that names neither the embedder nor the fix.
+        if len(vector) != embedder.dim:
+            raise embedder_failed(
+                embedder.model_id, f"it returned a vector of {len(vector)} dimensions, but declares dim {embedder.dim}"
+            )
+        if not all(map(math.isfinite, vector)):
+            raise embedder_failed(embedder.model_id, "it returned a vector holding NaN or infinity")
+    return vectors
 
 
 def embedder_failed(model_id: str | None, detail: str) -> EmbedderError:

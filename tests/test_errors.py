@@ -176,6 +176,21 @@ async def test_an_embedder_that_fails_names_itself_and_writes_nothing(make_store
     assert await session.search("kept", limit=1) == [{"role": "user", "content": "kept"}]
 
 
+@pytest.mark.parametrize(
+    ("vector", "cause"), [([1.0, 0.0], "2 dimensions, but declares dim 16"), ([float("nan")] * 16, "NaN")]
+)
+async def test_an_embedder_returning_bad_vectors_is_named(make_store, vector: list[float], cause: str) -> None:
+    embedder = BrokenEmbedder()
+    session = make_store(embedder=embedder).session("s")
+    await session.add_items([{"role": "user", "content": "kept"}])
+    embedder.embed_with_cancel = lambda texts, token=None: [vector for _ in texts]  # type: ignore[method-assign]
+    with pytest.raises(EmbedderError, match=cause):
+        await session.add_items([{"role": "user", "content": "lost"}])
+    with pytest.raises(EmbedderError, match=cause):
+        await session.search("anything")
+    assert await session.get_items() == [{"role": "user", "content": "kept"}]
+
+
 async def test_reembed_with_a_failing_embedder_keeps_the_file(make_store, db_path: Path, key: str) -> None:
     from citadeldb_openai_agents.store import reembed
 
