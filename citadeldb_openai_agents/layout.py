@@ -18,7 +18,9 @@ the region's size (a pop at 10,000 atoms: ~90 ms). Seeking from a known id
   It is the commit point of a clear: the catalog atom is forgotten first, then
   the segments are dropped; segments whose session has no catalog atom (a
   clear interrupted by a crash) are dropped when the file is next opened;
-* a batch always lands in one segment (one `remember_batch`), so it is atomic.
+* a batch always lands in one segment (one `remember_batch`), so it is atomic;
+* an item's atom text (Citadel's keyword index) is the item's own text; its vector,
+  computed here and handed to Citadel, is of a reply's text after its question.
 """
 
 from __future__ import annotations
@@ -65,8 +67,8 @@ class SessionState:
     # newest N seek (`after_id`) instead of scanning the segment.
     tail_ids: list[int] | None = None
     tail_stored: int = 0
-    # The text of the session's latest user message, when known: a reply is indexed
-    # under the question it answers (see `append`).
+    # The text of the session's latest user message, when known: a reply's vector is
+    # computed with the question it answers (see `append`).
     last_question: str | None = None
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -270,7 +272,7 @@ class SessionLayout:
         state.last_question = question
 
     def _last_question(self, memory: Memory, state: SessionState) -> str:
-        """The latest user message's indexed text (looked up once, then kept up to date)."""
+        """The latest user message's text (looked up once, then kept up to date)."""
         if state.last_question is None:
             state.last_question = ""
             for payload in reversed(self.newest(memory, state, _QUESTION_LOOKBACK)):
