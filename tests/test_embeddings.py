@@ -18,6 +18,7 @@ import pytest
 
 from citadeldb_openai_agents import CitadelSessionStore, EmbedderMismatchError
 from citadeldb_openai_agents.store import reembed
+from stub_embedders import StubEmbedder
 
 
 class FakeSentenceTransformer:
@@ -122,23 +123,19 @@ async def test_reembed_keeps_every_item(make_store, db_path: Path, key: str) -> 
 
 
 async def test_reembed_embeds_each_reply_with_its_question(make_store, db_path: Path, key: str) -> None:
-    from test_search import RecordingEmbedder
-
     store = make_store()
     session = store.session("s")
     await session.add_items([{"role": "user", "content": f"note {n}"} for n in range(255)])
     await session.add_items([{"role": "user", "content": "where is the spare key?"}])  # ends segment 0
     await session.add_items([{"role": "assistant", "content": "Under the blue pot."}])  # starts segment 1
     store.close()
-    wider = RecordingEmbedder(dim=32)
+    wider = StubEmbedder(dim=32)
     reembed(db_path, key, wider)
     assert "where is the spare key?\nUnder the blue pot." in wider.embedded
     assert "Under the blue pot." not in wider.embedded
 
 
 async def test_reembed_of_a_file_that_kept_the_question_in_the_keyword_text(make_store, db_path: Path, key: str) -> None:
-    from test_search import RecordingEmbedder
-
     store = make_store()
     await store.session("s").add_items([{"role": "user", "content": "where is the spare key?"}])
     # A reply as files written before 2026-11-30 stored it: its keyword text held the question.
@@ -149,7 +146,7 @@ async def test_reembed_of_a_file_that_kept_the_question_in_the_keyword_text(make
         "payload": '{"role":"assistant","content":"Under the blue pot."}',
     }])
     store.close()
-    wider = RecordingEmbedder(dim=32)
+    wider = StubEmbedder(dim=32)
     reembed(db_path, key, wider)
     assert "where is the spare key?\nUnder the blue pot." in wider.embedded
     assert not any(text.count("spare key") > 1 for text in wider.embedded)

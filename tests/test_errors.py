@@ -24,6 +24,7 @@ from citadeldb_openai_agents import (
     EmptyPassphraseError,
     WrongPassphraseError,
 )
+from stub_embedders import StubEmbedder
 
 
 def snapshot(directory: Path) -> dict[str, str]:
@@ -147,31 +148,17 @@ async def test_file_embedded_with_another_model(make_store, db_path: Path) -> No
     assert await make_store().session("s").get_items() == [{"content": "x"}]
 
 
-class BrokenEmbedder:
-    """MockEmbedder until `broken` is set; then it raises, as a model whose weights went missing."""
-
-    def __init__(self) -> None:
-        self._inner = citadeldb.MockEmbedder(dim=16)
-        self.dim, self.metric, self.model_id = self._inner.dim, self._inner.metric, self._inner.model_id
-        self.broken = False
-
-    def embed_with_cancel(self, texts: list[str], cancel_token: Any = None) -> list[list[float]]:
-        if self.broken:
-            raise OSError("model.safetensors: No such file or directory")
-        return self._inner.embed_with_cancel(texts, cancel_token)
-
-
 async def test_an_embedder_that_fails_names_itself_and_writes_nothing(make_store) -> None:
-    embedder = BrokenEmbedder()
+    embedder = StubEmbedder(dim=16)
     session = make_store(embedder=embedder).session("s")
     await session.add_items([{"role": "user", "content": "kept"}])
-    embedder.broken = True
+    embedder.failure = OSError("model.safetensors: No such file or directory")
     with pytest.raises(EmbedderError, match=r"mock.*OSError: model.safetensors.*nothing was written") as caught:
         await session.add_items([{"role": "user", "content": "lost"}, {"role": "assistant", "content": "too"}])
     assert isinstance(caught.value, CitadelSessionError) and "check" in str(caught.value)
     with pytest.raises(EmbedderError, match="OSError"):
         await session.search("kept")
-    embedder.broken = False
+    embedder.failure = None
     assert await session.get_items() == [{"role": "user", "content": "kept"}]
     assert await session.search("kept", limit=1) == [{"role": "user", "content": "kept"}]
 
@@ -180,7 +167,7 @@ async def test_an_embedder_that_fails_names_itself_and_writes_nothing(make_store
     ("vector", "cause"), [([1.0, 0.0], "2 dimensions, but declares dim 16"), ([float("nan")] * 16, "NaN")]
 )
 async def test_an_embedder_returning_bad_vectors_is_named(make_store, vector: list[float], cause: str) -> None:
-    embedder = BrokenEmbedder()
+    embedder = StubEmbedder(dim=16)
     session = make_store(embedder=embedder).session("s")
     await session.add_items([{"role": "user", "content": "kept"}])
     embedder.embed_with_cancel = lambda texts, token=None: [vector for _ in texts]  # type: ignore[method-assign]
@@ -197,8 +184,8 @@ async def test_reembed_with_a_failing_embedder_keeps_the_file(make_store, db_pat
     store = make_store()
     await store.session("s").add_items([{"role": "user", "content": "kept"}])
     store.close()
-    broken = BrokenEmbedder()
-    broken.broken = True
+    broken = StubEmbedder(dim=16)
+    broken.failure = OSError("model.safetensors: No such file or directory")
     with pytest.raises(EmbedderError, match="OSError: model.safetensors"):
         reembed(db_path, key, broken)
     assert await make_store().session("s").get_items() == [{"role": "user", "content": "kept"}]

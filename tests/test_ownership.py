@@ -9,12 +9,12 @@ import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
-import citadeldb
 import pytest
 
 from citadeldb_openai_agents import CitadelSessionStore
 
 from conftest import KEY
+from stub_embedders import StubEmbedder
 
 # A second process: tries to open the file each time the parent says so, and reports.
 OPENER = textwrap.dedent(
@@ -67,20 +67,6 @@ async def test_a_second_process_is_refused_at_once_then_opens_after_close(make_s
     assert try_to_open(other_process) == ["opened", "1\n"]
 
 
-class FlakyEmbedder:
-    """Citadel's mock embedder, until the embedding service goes down."""
-
-    def __init__(self) -> None:
-        self._inner = citadeldb.MockEmbedder(dim=128)
-        self.dim, self.metric, self.model_id = self._inner.dim, self._inner.metric, self._inner.model_id
-        self.down = False
-
-    def embed_with_cancel(self, texts: list[str], cancel_token: object = None) -> list[list[float]]:
-        if self.down:
-            raise ConnectionError("embedding service unavailable")
-        return self._inner.embed_with_cancel(texts, cancel_token)
-
-
 async def test_closing_after_a_failed_call_frees_the_file_at_once(db_path: Path, other_process) -> None:
     """The failed call's traceback (kept in a reference cycle by asyncio) must not keep the lock.
 
@@ -88,13 +74,13 @@ async def test_closing_after_a_failed_call_frees_the_file_at_once(db_path: Path,
     frames of the failed call held it until the next gc pass, so a process that closed its
     store after an error still blocked the next owner.
     """
-    embedder = FlakyEmbedder()
+    embedder = StubEmbedder()
     gc.disable()  # no collection may rescue the close: it must free the file by itself
     try:
         with pytest.raises(Exception, match="embedding service unavailable"):
             with CitadelSessionStore(db_path, KEY, embedder=embedder, argon2_profile="iot") as store:
                 await store.session("s").add_items([{"content": "stored"}])
-                embedder.down = True
+                embedder.failure = ConnectionError("embedding service unavailable")
                 await store.session("s").add_items([{"content": "never stored"}])
         assert try_to_open(other_process) == ["opened", "1\n"]
     finally:

@@ -8,6 +8,7 @@ import citadeldb
 import pytest
 
 from citadeldb_openai_agents import CitadelSessionStore
+from stub_embedders import StubEmbedder
 
 QUESTION = {"role": "user", "content": "What is the wifi password at the office?"}
 ANSWER = {"type": "message", "role": "assistant", "status": "completed", "id": "msg_1",
@@ -46,21 +47,8 @@ async def test_ranking_merges_segments_by_distance(make_store) -> None:
     assert (await session.search("office wifi password", limit=1)) == [ANSWER]
 
 
-class RecordingEmbedder:
-    """MockEmbedder's vectors, with a record of every text it embedded for an item."""
-
-    def __init__(self, dim: int = 128) -> None:
-        self._inner = citadeldb.MockEmbedder(dim=dim)
-        self.dim, self.metric, self.model_id = self._inner.dim, self._inner.metric, self._inner.model_id
-        self.embedded: list[str] = []
-
-    def embed_with_cancel(self, texts: list[str], cancel_token: object = None) -> list[list[float]]:
-        self.embedded.extend(texts)
-        return self._inner.embed_with_cancel(texts, cancel_token)
-
-
 async def test_a_reply_is_embedded_with_its_question_but_keyword_indexed_alone(make_store) -> None:
-    embedder = RecordingEmbedder()
+    embedder = StubEmbedder()
     store = make_store(embedder=embedder)
     await store.session("s").add_items([QUESTION, ANSWER])
     question, answer = QUESTION["content"], ANSWER["content"][0]["text"]
@@ -72,7 +60,7 @@ async def test_a_reply_is_embedded_with_its_question_but_keyword_indexed_alone(m
 
 
 async def test_a_popped_question_is_not_used_for_the_next_reply(make_store) -> None:
-    embedder = RecordingEmbedder()
+    embedder = StubEmbedder()
     session = make_store(embedder=embedder).session("s")
     await session.add_items([{"role": "user", "content": "tell me about llamas"}])
     await session.pop_item()
