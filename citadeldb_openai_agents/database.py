@@ -369,7 +369,11 @@ def translate_storage_error(exc: BaseException, path: str) -> BaseException:
     if isinstance(exc, citadeldb.IntegrityError):
         return _corrupt(path, exc)
     if isinstance(exc, citadeldb.OperationalError) and str(exc).startswith(CITADEL_EMBEDDER_FAILURE):
-        return embedder_failed(None, str(exc)[len(CITADEL_EMBEDDER_FAILURE):])
+        # Citadel calls the embedder itself only to re-embed a file, which is idempotent.
+        return embedder_failed(
+            None, str(exc)[len(CITADEL_EMBEDDER_FAILURE):],
+            "the call stopped there (a re-embedding finishes when run again)",
+        )
     # Both read as "this region's keys are gone"; a fresh file lacks these files legitimately
     # only until its first region is created, which the layout does on the first open.
     missing = _missing_companions(path, COMPANION_SUFFIXES)

@@ -115,11 +115,11 @@ def _vectors(embedder: Embedder, embed: Any, texts: list[str]) -> list[list[floa
     return vectors
 
 
-def embedder_failed(model_id: str | None, detail: str) -> EmbedderError:
+def embedder_failed(model_id: str | None, detail: str, outcome: str = "nothing was written") -> EmbedderError:
     """The error for an embedder that raised, naming the model, its error and the fix."""
     named = f" {model_id!r}" if model_id else ""
     return EmbedderError(
-        f"the embedder{named} failed ({detail}); nothing was written. Fix the embedder "
+        f"the embedder{named} failed ({detail}); {outcome}. Fix the embedder "
         "(its model path, device, or the factory that builds it; "
         "`python -m citadeldb_openai_agents check` loads the configured one) and retry."
     )

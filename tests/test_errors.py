@@ -186,9 +186,15 @@ async def test_reembed_with_a_failing_embedder_keeps_the_file(make_store, db_pat
     store.close()
     broken = StubEmbedder(dim=16)
     broken.failure = OSError("model.safetensors: No such file or directory")
-    with pytest.raises(EmbedderError, match="OSError: model.safetensors"):
+    with pytest.raises(EmbedderError, match="OSError: model.safetensors.*finishes when run again"):
         reembed(db_path, key, broken)
-    assert await make_store().session("s").get_items() == [{"role": "user", "content": "kept"}]
+    store = make_store()
+    assert await store.session("s").get_items() == [{"role": "user", "content": "kept"}]
+    store.close()
+    broken.failure = None
+    assert reembed(db_path, key, broken).items == 1
+    reopened = make_store(embedder=broken)
+    assert await reopened.session("s").search("kept", limit=1) == [{"role": "user", "content": "kept"}]
 
 
 def test_reprs_and_messages_never_hold_the_passphrase(store: CitadelSessionStore, key: str, db_path: Path) -> None:
