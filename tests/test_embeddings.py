@@ -167,6 +167,25 @@ async def test_real_model_finds_an_answer_sharing_no_word(make_store) -> None:
     assert hits == [{"role": "assistant", "content": "The deployment failed because the disk was full."}]
 
 
+@pytest.mark.embeddings
+async def test_real_model_after_reembed_finds_a_reply_by_its_question(make_store, db_path: Path, key: str) -> None:
+    from citadeldb_openai_agents.sentence_embedder import SentenceTransformerEmbedder
+
+    store = make_store()  # written with the default MockEmbedder
+    await store.session("s").add_items([
+        {"role": "user", "content": "Why did last night's release break?"},
+        {"role": "assistant", "content": "The disk on the build server was full."},
+        {"role": "user", "content": "Can you suggest a pasta recipe?"},
+        {"role": "assistant", "content": "Try cacio e pepe."},
+    ])
+    store.close()
+    model = SentenceTransformerEmbedder()
+    assert reembed(db_path, key, model).items == 4
+    reopened = make_store(embedder=model)
+    hits = await reopened.session("s").search("what caused the deployment failure?", limit=1)
+    assert hits == [{"role": "assistant", "content": "The disk on the build server was full."}]
+
+
 def test_reembed_command_applies_the_configured_embedder(tmp_path: Path, key: str) -> None:
     import asyncio
     import os
