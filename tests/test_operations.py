@@ -83,26 +83,49 @@ async def test_a_backup_keeps_the_audit_log(store: CitadelSessionStore, db_path:
     assert len(copied.read_bytes()) > len(audit)  # the copy goes on as the backup's own log
 
 
-async def test_a_backup_waits_for_writes_under_way_and_holds_a_prefix(
-    store: CitadelSessionStore, tmp_path: Path, key: str
+async def test_a_backup_runs_while_no_write_is_under_way(
+    make_store, tmp_path: Path, key: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import time
+
+    import citadeldb_openai_agents.store as store_module
+    from stub_embedders import StubEmbedder
+
+    embedder = StubEmbedder()
+    embed = embedder.embed_with_cancel
+
+    def slow_embed(texts: list[str], cancel_token: object = None) -> list[list[float]]:
+        time.sleep(0.02)  # each write stays under way for a while
+        return embed(texts, cancel_token)
+
+    embedder.embed_with_cancel = slow_embed  # type: ignore[method-assign]
+    store = make_store(embedder=embedder)
+    in_flight_at_backup = []
+    backup = store_module._backup_with_audit
+
+    def watched(db: object, path: str, target: str) -> None:
+        in_flight_at_backup.append(store._database._in_flight)
+        backup(db, path, target)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store_module, "_backup_with_audit", watched)
     session = store.session("busy")
 
     async def writer() -> None:
-        for n in range(60):
+        for n in range(40):
             await session.add_items([{"n": n}])
 
     task = asyncio.create_task(writer())
-    backups = []
     for number in range(3):
-        await asyncio.sleep(0.05)
-        backups.append(await asyncio.to_thread(store.backup, tmp_path / f"copy{number}.cdl"))
+        await asyncio.sleep(0.1)
+        await asyncio.to_thread(store.backup, tmp_path / f"copy{number}.cdl")
     await task
-    assert await session.get_items() == [{"n": n} for n in range(60)]
+    assert in_flight_at_backup == [0, 0, 0]  # the audit log is copied with the data it describes
+    assert await session.get_items() == [{"n": n} for n in range(40)]
+    store.close()
     for number in range(3):
         with CitadelSessionStore(tmp_path / f"copy{number}.cdl", key) as restored:
             items = await restored.session("busy").get_items()
-            assert items == [{"n": n} for n in range(len(items))]
+            assert 0 < len(items) < 40 and items == [{"n": n} for n in range(len(items))]
 
 
 async def test_verify_reports_a_healthy_file(store: CitadelSessionStore) -> None:

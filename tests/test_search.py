@@ -82,7 +82,6 @@ def test_the_page_cache_defaults_to_holding_a_large_file(make_store, monkeypatch
     make_store().close()
     make_store(cache_size=500).close()
     assert [options["cache_size"] for options in asked] == [DEFAULT_CACHE_PAGES, 500]
-    assert DEFAULT_CACHE_PAGES * 8 * 1024 <= 128 * 2**20  # pages of ~8 KiB: at most ~128 MiB
 
 
 async def test_a_larger_page_cache_is_an_option(make_store) -> None:
