@@ -538,9 +538,8 @@ def reembed_file(memory: Memory, embedder: Embedder) -> tuple[int, int]:
     interrupted, running it again finishes the job. Returns (regions, items).
     """
     regions = {region.name: region for region in _regions(memory)}
-    names = list(regions)
     segments: dict[str, list[int]] = {}
-    for name in names:
+    for name in regions:
         parsed = _parse_segment(name)
         if parsed is not None:
             segments.setdefault(parsed[0], []).append(parsed[1])
@@ -561,16 +560,15 @@ def reembed_file(memory: Memory, embedder: Embedder) -> tuple[int, int]:
                 contexts.setdefault(hit.text, deque()).append(_in_context(question, own, user))
             items += memory.reembed_region(region, _InContext(embedder, contexts)).atoms_migrated
     # The meta region last: it records the embedder, so it moves once the rest has.
-    for name in (CATALOG_REGION, META_REGION):
-        if name in names:
-            memory.reembed_region(name, embedder)
+    others = [name for name in (CATALOG_REGION, META_REGION) if name in regions]
+    for name in others:
+        memory.reembed_region(name, embedder)
     found = memory.fetch(META_REGION, "layout", limit=1)
     if found:
         meta = dict(found[0].payload)
         meta["embedder"] = EmbedderIdentity.of(embedder).__dict__
         memory.update_atom_payload(META_REGION, found[0].id, meta)
-    migrated = sum(len(numbers) for numbers in segments.values())
-    return migrated + sum(name in names for name in (CATALOG_REGION, META_REGION)), items
+    return sum(len(numbers) for numbers in segments.values()) + len(others), items
 
 
 def _in_context(question: str, text: str, from_user: bool) -> str:
