@@ -17,18 +17,14 @@ from .errors import (
     InvalidItemError,
     SessionClosedError,
     SessionNotFoundError,
+    StorageError,
     WrongPassphraseError,
 )
 from .layout import Erasure
 from .settings import CitadelSettings, ConfigurationError
 from .sentence_embedder import SentenceTransformerEmbedder
-from .store import (
-    CitadelSessionStore,
-    IntegrityReport,
-    ReembedSummary,
-    SessionSummary,
-    reembed,
-)
+from .results import IntegrityReport, ReembedSummary, SessionIntegrity, SessionSummary
+from .store import CitadelSessionStore, reembed, verify_file
 
 __all__ = [
     "BackupExistsError",
@@ -52,11 +48,14 @@ __all__ = [
     "ReembedSummary",
     "SentenceTransformerEmbedder",
     "SessionClosedError",
+    "SessionIntegrity",
     "SessionNotFoundError",
     "SessionSummary",
+    "StorageError",
     "WrongPassphraseError",
     "from_config",
     "reembed",
+    "verify_file",
 ]
 __version__ = "0.1.0"
 

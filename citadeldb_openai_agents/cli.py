@@ -23,6 +23,7 @@ from .config import (
     load_settings,
     open_existing_store,
     reembed_from_config,
+    verify_from_config,
 )
 from .errors import CitadelSessionError, CorruptDatabaseError, DatabaseLockedError
 from .layout import Erasure
@@ -545,9 +546,8 @@ def _backup(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    with _open(_settings(args)) as store:
-        report = store.verify()
-        path = store.path
+    with _configuration_warnings():
+        path, report = verify_from_config(_settings(args))
     if args.json:
         print(json.dumps({"database": path, **_integrity_dict(report)}, indent=2))
     else:
@@ -563,6 +563,18 @@ def _integrity_dict(report: IntegrityReport) -> dict[str, Any]:
         "item_verdicts": dict(report.item_verdicts),
         "audit_entries": report.audit_entries,
         "audit_break_at": report.audit_break_at,
+        "findings": list(report.findings),
+        "sessions": [
+            {
+                "session_id": session.session_id,
+                "expected": session.expected,
+                "readable": session.readable,
+                "missing": session.missing,
+                "not_authentic": session.not_authentic,
+                "cause": session.cause,
+            }
+            for session in report.sessions
+        ],
     }
 
 
@@ -578,16 +590,29 @@ def _print_integrity(path: str, report: IntegrityReport) -> None:
         print(f"audit log:     {_count(report.audit_entries, 'entry', 'entries')} verified, chain intact")
     else:
         print(f"audit log:     chain broken at entry {report.audit_break_at}; the log was altered")
+    damaged = report.damaged_sessions
+    print(f"sessions:      {len(report.sessions)} checked, {len(damaged) or 'none'} damaged")
+    for session in damaged:
+        who = "an unknown session" if session.session_id is None else repr(session.session_id)
+        print(
+            f"  - {who}: {session.readable} of {session.expected} items readable, "
+            f"{session.missing} missing, {session.not_authentic} not authentic"
+            + (f" ({session.cause})" if session.cause else "")
+        )
+    for finding in report.findings:
+        print(f"  - {finding}")
     sys.stdout.flush()
     if report.ok:
         print("OK: no damage or tampering found.")
         return
     bad_items = sum(count for verdict, count in report.item_verdicts.items() if verdict != "authentic")
+    missing = sum(session.missing for session in report.sessions)
     audit = "" if report.audit_break_at is None else ", the audit log altered"
     print(
         f"verify: FAILED ({_count(len(report.page_errors), 'page error')}, "
-        f"{_count(bad_items, 'item')} not authentic{audit}). Restore the file and its companion files "
-        "from a backup.",
+        f"{_count(missing, 'item')} missing, {_count(bad_items, 'item')} not authentic{audit}"
+        f"{', ' + _count(len(report.findings), 'other finding') if report.findings else ''}). "
+        "Restore the file and its companion files together from a backup.",
         file=sys.stderr,
     )
 

@@ -20,7 +20,8 @@ import citadeldb
 
 from .database import database_files, resolve_path
 from .embedders import DEFAULT_MOCK_DIM, Embedder, resolve_embedder
-from .errors import CitadelSessionError, DatabaseNotFoundError
+from .errors import CitadelSessionError, CorruptDatabaseError, DatabaseNotFoundError
+from .results import IntegrityReport
 from .settings import (
     CitadelSettings,
     ConfigurationError,
@@ -29,7 +30,7 @@ from .settings import (
     Origin,
     closest,
 )
-from .store import CitadelSessionStore, ReembedSummary, reembed
+from .store import CitadelSessionStore, ReembedSummary, reembed, verify_file
 
 ConfigSource = str | os.PathLike[str] | CitadelSettings | None
 EmbedderBuilder = Callable[[EmbedderSettings], Any]
@@ -81,6 +82,23 @@ def open_existing_store(config: ConfigSource = None) -> CitadelSessionStore:
             "operator commands never create one. Correct CITADEL_PATH / path, or pass --config."
         )
     return _open_store(settings, build_embedder(settings))
+
+
+def verify_from_config(config: ConfigSource = None) -> tuple[str, IntegrityReport]:
+    """The configured file's path and `CitadelSessionStore.verify` report.
+
+    A damaged file refuses to open for use; it is then inspected with `verify_file`,
+    which changes nothing, so the report says what is damaged.
+    """
+    settings = load_settings(config)
+    try:
+        with open_existing_store(settings) as store:
+            return store.path, store.verify()
+    except CorruptDatabaseError as exc:
+        if getattr(exc, "verdict", None) is None:
+            raise
+    path = resolve_path(settings.path)
+    return path, verify_file(path, settings.key.get_secret_value())
 
 
 def _session_settings(limit: int) -> Any:

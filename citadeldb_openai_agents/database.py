@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import os
 import queue
+import re
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -23,6 +24,7 @@ from typing import Any, TypeVar
 
 import citadeldb
 
+from . import inventory
 from .embedders import CITADEL_EMBEDDER_FAILURE, embedder_failed
 from .errors import (
     CitadelSessionError,
@@ -31,6 +33,7 @@ from .errors import (
     DatabaseNotFoundError,
     EmptyPassphraseError,
     SessionClosedError,
+    StorageError,
     WrongPassphraseError,
 )
 
@@ -57,13 +60,21 @@ def check_passphrase(key: str | None) -> str:
     return key
 
 
+# Runs on the owner thread between `connect` and `Database.memory()`, which deletes the rows of
+# atoms it cannot read: the file's one chance to be checked before anything is changed.
+BeforeMemory = Callable[[citadeldb.Database, str], Any]
+
+
 def acquire(
     path: str | os.PathLike[str],
     key: str,
     options: citadeldb.DatabaseOptions | None = None,
+    before_memory: BeforeMemory | None = None,
 ) -> OpenDatabase:
     """Open `path` (or join the process's open handle to it) and take a reference.
 
+    `before_memory(db, path)` runs when this call opens the file; its result is kept
+    as `OpenDatabase.audit`, and what it raises is raised here, the file closed.
     The passphrase is deleted from every frame it passed through, on every path: an
     error tracker that records a failed frame's locals must not record it.
     """
@@ -73,7 +84,7 @@ def acquire(
         with _registry_lock:
             database = _registry.get(resolved)
             if database is None:
-                database = OpenDatabase(resolved, key, options)
+                database = OpenDatabase(resolved, key, options, before_memory)
                 _registry[resolved] = database
             else:
                 database.check_same_passphrase(key)
@@ -83,26 +94,68 @@ def acquire(
         del key
 
 
+def inspect_file(
+    path: str | os.PathLike[str], key: str, inspect: Callable[[citadeldb.Database, str], T]
+) -> T:
+    """Open a file without its memory engine, run `inspect(db, path)`, close it: nothing is changed.
+
+    For a file that refuses to open for use (a damaged one): Citadel's memory engine
+    would delete what it cannot read. Raises `CitadelSessionError` if this process
+    holds the file open already (inspect that open store instead).
+    """
+    try:
+        check_passphrase(key)
+        resolved = resolve_path(path)
+        with _registry_lock:
+            if resolved in _registry:
+                raise CitadelSessionError(
+                    f"{resolved} is open in this process; call verify() on its store instead."
+                )
+        try:
+            db = citadeldb.connect(resolved, key=key, region_keys=True)
+        except BaseException as exc:
+            raise translate_open_error(exc, resolved) from None
+    finally:
+        del key  # see `acquire`
+    try:
+        _refuse_lost_key_files(db, resolved)
+        return inspect(db, resolved)
+    except citadeldb.CitadelError as exc:
+        raise translate_storage_error(exc, resolved) from None
+    finally:
+        db.close()
+        gc.collect()  # the maintenance handles inspect made hold the file until collected
+
+
 class OpenDatabase:
     """A Citadel file held open by this process: its owner thread and `Memory` handle."""
 
     def __init__(
-        self, path: str, key: str, options: citadeldb.DatabaseOptions | None = None
+        self,
+        path: str,
+        key: str,
+        options: citadeldb.DatabaseOptions | None = None,
+        before_memory: BeforeMemory | None = None,
     ) -> None:
         # The owner thread takes the passphrase out of `secret` and forgets it once the
         # file is open; neither this frame nor the thread object keeps it (see `acquire`).
         secret = [key]
         del key
         try:
-            self._start(path, secret, options)
+            self._start(path, secret, options, before_memory)
         finally:
             secret.clear()
 
     def _start(
-        self, path: str, secret: list[str], options: citadeldb.DatabaseOptions | None
+        self,
+        path: str,
+        secret: list[str],
+        options: citadeldb.DatabaseOptions | None,
+        before_memory: BeforeMemory | None,
     ) -> None:
         self.path = path
         self.references = 0
+        self.audit: Any = None
         # The session layout shared by every store on this file (set by the first store).
         self.layout: Any = None
         self.setup_lock = threading.Lock()
@@ -121,14 +174,18 @@ class OpenDatabase:
             )
         opened: Future[tuple[citadeldb.Database, Any]] = Future()
         self._thread = threading.Thread(
-            target=self._own, args=(secret, options, opened), name=f"citadel-owner:{os.path.basename(path)}",
-            daemon=True,
+            target=self._own, args=(secret, options, before_memory, opened),
+            name=f"citadel-owner:{os.path.basename(path)}", daemon=True,
         )
         self._thread.start()
         self._db, self.memory = opened.result()
 
     def _own(
-        self, secret: list[str], options: citadeldb.DatabaseOptions | None, opened: Future[Any]
+        self,
+        secret: list[str],
+        options: citadeldb.DatabaseOptions | None,
+        before_memory: BeforeMemory | None,
+        opened: Future[Any],
     ) -> None:
         key = secret.pop()
         try:
@@ -139,7 +196,9 @@ class OpenDatabase:
         finally:
             del key
         try:
-            _refuse_lost_region_keys(db, self.path)
+            _refuse_lost_key_files(db, self.path)
+            if before_memory is not None:
+                self.audit = before_memory(db, self.path)
             # Opening the memory engine reads pages: a damaged file can fail here, after
             # connect succeeded. The opener must get the error, and the file its lock back.
             memory = _MemoryHandle(db.memory(), self.path)
@@ -164,7 +223,14 @@ class OpenDatabase:
             raise SessionClosedError(f"{self.path} is closed")
         result: Future[T] = Future()
         self._calls.put((function, result))
-        return result.result()
+        try:
+            return result.result()
+        except citadeldb.CitadelError as exc:
+            raise translate_storage_error(exc, self.path) from exc
+
+    def region_rows(self, names: list[str]) -> dict[str, dict[int, int | None]]:
+        """The rows the file's pages hold for these regions (atom id -> expiry in µs, or None)."""
+        return self.on_owner_thread(lambda db: inventory.region_rows(db, names))
 
     @contextmanager
     def operation(self) -> Iterator[citadeldb.memory.Memory]:
@@ -301,6 +367,15 @@ def translate_open_error(exc: BaseException, path: str) -> BaseException:
     message = str(exc).lower()
     if isinstance(exc, CitadelSessionError):
         return exc
+    if isinstance(exc, citadeldb.OperationalError) and "its database does not" in message:
+        return DatabaseNotFoundError(
+            f"{path} does not exist, but its companion files do: the database file was deleted "
+            "or moved without them. Restore it from a backup, or move the companion files "
+            f"({path}.citadel-*) aside to create a new database here."
+        )
+    damaged = _damaged_companion(exc, path)
+    if damaged is not None:
+        return damaged
     if isinstance(exc, citadeldb.IntegrityError) or (
         # A file shorter than Citadel's header: truncated, or not a Citadel file at all.
         isinstance(exc, citadeldb.OperationalError) and "fill whole buffer" in message
@@ -315,20 +390,17 @@ def translate_open_error(exc: BaseException, path: str) -> BaseException:
     if missing:
         return _companions_missing(path, missing)
     if isinstance(exc, citadeldb.EncryptionError):
+        # Citadel cannot tell these apart: the key file decrypts nothing either way.
         return WrongPassphraseError(
-            f"wrong passphrase for {path}: it does not decrypt this file. Check CITADEL_KEY / "
-            "CITADEL_KEY_FILE (the file was left untouched)."
+            f"wrong passphrase for {path}, or its key file {path}{COMPANION_SUFFIXES[0]} is "
+            "damaged: together they do not decrypt this file. Check the passphrase "
+            "(CITADEL_KEY / CITADEL_KEY_FILE); if it is right, restore the key file, with the "
+            "database and its other companion files, from a backup. The files were left untouched."
         )
     if isinstance(exc, citadeldb.OperationalError) and "locked" in message:
         return DatabaseLockedError(
             f"{path} is held by another process: one process owns a Citadel file at a time. "
             "Stop the other process (or run this work inside it through its store), then retry."
-        )
-    if isinstance(exc, citadeldb.OperationalError) and "its database does not" in message:
-        return DatabaseNotFoundError(
-            f"{path} does not exist, but its companion files do: the database file was deleted "
-            "or moved without them. Restore it from a backup, or move the companion files "
-            f"({path}.citadel-*) aside to create a new database here."
         )
     if isinstance(exc, (FileNotFoundError, citadeldb.CitadelError)) and (
         "no such file" in message or "not found" in message or "missing" in message
@@ -337,26 +409,107 @@ def translate_open_error(exc: BaseException, path: str) -> BaseException:
             f"cannot open {path}: {exc}. A Citadel file comes with companion files "
             "(.citadel-keys, -regions, -atomkeys); restore them together from a backup."
         )
+    if isinstance(exc, citadeldb.CitadelError):
+        return _unrecognised(path, exc)
     return exc
 
 
-def _refuse_lost_region_keys(db: citadeldb.Database, path: str) -> None:
-    """Refuse a file whose regions exist but whose ``-regions`` key file is gone.
+# How citadeldb 2.7.0 words damage to the headers of the key file and the audit log, which it
+# otherwise reports as a wrong passphrase, an unsupported format or a bad KDF setting.
+_KEY_FILE_DAMAGE = (
+    "invalid key file magic",
+    "key file integrity check failed",
+    "unsupported cipher",
+    "argon2 time cost too high",
+    "argon2 memory cost",
+    "argon2 parallelism",
+)
+_AUDIT_MAGIC = "0x41554454"  # "AUDT", the audit log's magic number
 
-    Measured on citadeldb 2.7.0: `Database.memory()` then treats every region as
-    forgotten and rewrites the file and ``-atomkeys``, so restoring the lost file
-    afterwards no longer brings the data back. A fresh file has no regions yet (and
-    no ``-regions`` file), which is why the region table is asked first.
+
+def _damaged_companion(exc: BaseException, path: str) -> CorruptDatabaseError | None:
+    """Damage to the key file or the audit log, named; None for any other error."""
+    message = str(exc).lower()
+    keys, audit = path + COMPANION_SUFFIXES[0], path + AUDIT_SUFFIX
+    restore = "Restore the database and all its companion files together from one backup."
+    culprit = _header_at_fault(path, message)
+    if culprit == keys or keys.lower() in message or any(sign in message for sign in _KEY_FILE_DAMAGE):
+        return CorruptDatabaseError(
+            f"the key file {keys} of {path} is damaged ({exc}); the passphrase is not the cause. "
+            f"{restore}"
+        )
+    if culprit == audit or audit.lower() in message or _AUDIT_MAGIC.lower() in message:
+        return CorruptDatabaseError(
+            f"the audit log {audit} of {path} is damaged ({exc}). {restore} To keep serving "
+            "without the log's history instead, move the audit log aside: Citadel starts a new one."
+        )
+    if culprit is not None:
+        return CorruptDatabaseError(f"{culprit}, a companion file of {path}, is damaged ({exc}). {restore}")
+    if "file_id mismatch" in message or "unsupported format version" in message:
+        return CorruptDatabaseError(
+            f"the key file {keys} or the audit log {audit} of {path} is damaged, or comes from "
+            f"another database ({exc}). {restore}"
+        )
+    return None
+
+
+_FORMAT_VERSION = re.compile(r"unsupported format version: (\d+)")
+
+
+def _header_at_fault(path: str, message: str) -> str | None:
+    """The companion file whose header Citadel's error is about, when its words allow telling.
+
+    citadeldb 2.7.0 reports a bad header field without naming the file. Every file
+    starts with a 4-byte magic, a 4-byte little-endian format version and the 8-byte
+    file id that the database file holds at offset 24 (measured): the file showing
+    the version the error quotes, or another id, is the one.
     """
-    keys = path + COMPANION_SUFFIXES[1]
-    if os.path.exists(keys):
-        return
+    version = _FORMAT_VERSION.search(message)
+    if version is None and "file_id mismatch" not in message:
+        return None
     try:
-        regions = db.query("SELECT count(*) FROM memory_regions").rows[0][0]
-    except citadeldb.ProgrammingError:  # the memory engine never ran on this file
+        with open(path, "rb") as database:
+            file_id = database.read(32)[24:32]
+    except OSError:
+        return None
+    for suffix in (*COMPANION_SUFFIXES, AUDIT_SUFFIX):
+        try:
+            with open(path + suffix, "rb") as companion:
+                header = companion.read(16)
+        except OSError:
+            continue
+        if version is not None and int.from_bytes(header[4:8], "little") == int(version.group(1)):
+            return path + suffix
+        if version is None and header[8:16] != file_id:
+            return path + suffix
+    return None
+
+
+def _unrecognised(path: str, exc: BaseException) -> StorageError:
+    return StorageError(
+        f"Citadel failed on {path} ({type(exc).__name__}: {exc}). Run `python -m "
+        "citadeldb_openai_agents verify`; if it reports damage, restore the file and its "
+        "companion files from a backup, otherwise report this error with its message."
+    )
+
+
+def _refuse_lost_key_files(db: citadeldb.Database, path: str) -> None:
+    """Refuse a file whose regions exist but whose ``-regions`` or ``-atomkeys`` key file is gone.
+
+    Measured on citadeldb 2.7.0: `Database.memory()` then treats every region (or
+    atom) as erased and rewrites the file, so restoring the lost file afterwards no
+    longer brings the data back. A fresh file has no regions yet (and no key files),
+    which is why the tables are asked first.
+    """
+    missing = [path + suffix for suffix in COMPANION_SUFFIXES[1:] if not os.path.exists(path + suffix)]
+    if not missing:
         return
+    tables = set(db.tables())
+    if inventory.REGION_TABLE not in tables:  # the memory engine never ran on this file
+        return
+    regions = db.query(f"SELECT count(*) FROM {inventory.REGION_TABLE}").rows[0][0]
     if regions:
-        raise _companions_missing(path, [keys])
+        raise _companions_missing(path, missing)
 
 
 def translate_storage_error(exc: BaseException, path: str) -> BaseException:
@@ -379,6 +532,11 @@ def translate_storage_error(exc: BaseException, path: str) -> BaseException:
     missing = _missing_companions(path, COMPANION_SUFFIXES)
     if missing and isinstance(exc, (citadeldb.EncryptionError, citadeldb.DataError)):
         return _companions_missing(path, missing)
+    damaged = _damaged_companion(exc, path)
+    if damaged is not None:
+        return damaged
+    if isinstance(exc, citadeldb.CitadelError):
+        return _unrecognised(path, exc)
     return exc
 
 

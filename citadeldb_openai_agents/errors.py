@@ -36,6 +36,10 @@ class CorruptDatabaseError(CitadelSessionError):
     """Citadel found damage in the file."""
 
 
+class StorageError(CitadelSessionError):
+    """Citadel failed in a way no other error here describes; the message names the file and what to do."""
+
+
 class EmbedderMismatchError(CitadelSessionError, ValueError):
     """The file's items were embedded with another model than the one configured."""
 

@@ -8,7 +8,6 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
@@ -17,6 +16,8 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import citadeldb
 
 from . import database as _database
+from .damage import ATOM_KEYS, check_before_memory, inventory_of
+from .damage import audit as audit_inventory
 from .embedders import EmbedderIdentity, resolve_embedder
 from .errors import (
     BackupExistsError,
@@ -29,6 +30,7 @@ from .errors import (
 )
 from .items import decode_item, decode_items, encode_item, is_user_message, search_text
 from .layout import Erasure, SessionLayout, SessionState, reembed_file
+from .results import IntegrityReport, ReembedSummary, SessionIntegrity, SessionSummary
 
 if TYPE_CHECKING:
     # Imported for annotations only: the operator CLI never needs the Agents SDK loaded.
@@ -39,30 +41,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 Argon2Profile = Literal["iot", "desktop", "server"]
 SyncMode = Literal["full", "normal", "off"]
-
-
-@dataclass(frozen=True)
-class SessionSummary:
-    """One session as `CitadelSessionStore.sessions` lists it."""
-
-    session_id: str
-    items: int
-    first_write: datetime
-    last_write: datetime
-
-
-@dataclass(frozen=True)
-class IntegrityReport:
-    """What `CitadelSessionStore.verify` found."""
-
-    ok: bool
-    pages_checked: int
-    page_errors: list[str]
-    item_verdicts: dict[str, int]
-    # Citadel's audit log (erasures, backups) is an HMAC chain: entries verified, and the
-    # first entry that breaks it (None when intact, or when the file keeps no log).
-    audit_entries: int = 0
-    audit_break_at: int | None = None
 
 
 class CitadelSessionStore:
@@ -113,7 +91,7 @@ class CitadelSessionStore:
             options = _database_options(argon2_profile, sync_mode, cache_size)
             self._closed = False
             self._close_lock = threading.Lock()
-            self._database = _database.acquire(path, key, options)
+            self._database = _database.acquire(path, key, options, check_before_memory)
         finally:
             # Gone from this frame on every path: error trackers record a failed frame's locals.
             del key
@@ -256,22 +234,27 @@ class CitadelSessionStore:
         return [p for p in _database.database_files(str(target)) if os.path.exists(p)]
 
     def verify(self) -> IntegrityReport:
-        """Citadel's integrity check of the file's pages, plus its verdict on every live item."""
+        """Check the file: Citadel's page check, the audit log's chain, and every session.
+
+        Per session, the items the file's pages hold are compared with those Citadel
+        reads back, and each item read gets Citadel's verdict (authentic, tampered, ...).
+        `ok` is False when a page, an item or the audit log is damaged or missing.
+        """
         self._check_open()
         report, audit = self._database.on_owner_thread(lambda db: (db.integrity_check(), _audit_chain(db)))
         verdicts: dict[str, int] = {}
+        sessions = []
         for state in self._layout.states():
-            for verdict, count in self._on_session(state, SessionLayout.attest).items():
+            expected, readable, found = self._on_session(state, SessionLayout.inspect)
+            if not expected:
+                continue
+            for verdict, count in found.items():
                 verdicts[verdict] = verdicts.get(verdict, 0) + count
-        bad_items = sum(count for verdict, count in verdicts.items() if verdict != "authentic")
-        return IntegrityReport(
-            ok=bool(report["ok"]) and bad_items == 0 and audit["chain_valid"],
-            pages_checked=int(report["pages_checked"]),
-            page_errors=[str(error["message"]) for error in report["errors"]],
-            item_verdicts=verdicts,
-            audit_entries=int(audit["entries_verified"]),
-            audit_break_at=None if audit["chain_valid"] else int(audit["chain_break_at"] or 0),
-        )
+            not_authentic = sum(count for verdict, count in found.items() if verdict != "authentic")
+            cause = ATOM_KEYS if readable < expected else None
+            sessions.append(SessionIntegrity(state.session_id, expected, readable, not_authentic, cause))
+        sessions.sort(key=lambda session: session.session_id or "")
+        return integrity_report(report, audit, verdicts, sessions)
 
     def _not_found(self, session_id: str) -> SessionNotFoundError:
         return SessionNotFoundError(
@@ -349,13 +332,64 @@ class CitadelSessionStore:
         return decode_items(payloads)
 
 
-@dataclass(frozen=True)
-class ReembedSummary:
-    """What `reembed` did: regions re-embedded, items kept, and the new model id."""
+def verify_file(path: str | os.PathLike[str], key: str) -> IntegrityReport:
+    """`CitadelSessionStore.verify` for a file that is not open, changing nothing in it.
 
-    regions: int
-    items: int
-    model_id: str
+    The way to inspect a damaged file, which refuses to open for use: Citadel's page
+    check, the audit log's chain, and per session the items the file holds, those
+    Citadel can read, and its verdict on each, all read without starting Citadel's
+    memory engine (which would delete what it cannot read).
+    """
+    try:
+        return _database.inspect_file(path, key, _inspect)
+    finally:
+        del key  # see CitadelSessionStore.__init__
+
+
+def _inspect(db: citadeldb.Database, path: str) -> IntegrityReport:
+    pages, audit = db.integrity_check(), _audit_chain(db)
+    inventory = inventory_of(db, path)
+    verdict = audit_inventory(inventory)
+    maintenance = db.memory_maintenance()
+    verdicts: dict[str, int] = {}
+    sessions = []
+    for count in verdict.sessions:
+        found: dict[str, int] = {}
+        for name in count.segments:
+            region = inventory.regions[name]
+            ids = sorted(set(region.live_rows(inventory.taken_at)) - region.unreadable)
+            for attestation in maintenance.verify(name, ids) if ids and not region.forgotten else []:
+                found[attestation.verdict] = found.get(attestation.verdict, 0) + 1
+        for name, number in found.items():
+            verdicts[name] = verdicts.get(name, 0) + number
+        not_authentic = sum(number for name, number in found.items() if name != "authentic")
+        readable = count.expected - count.unreadable
+        sessions.append(SessionIntegrity(count.session_id, count.expected, readable, not_authentic, count.cause))
+    sessions.sort(key=lambda session: (session.session_id is None, session.session_id or ""))
+    return integrity_report(pages, audit, verdicts, sessions, verdict.file)
+
+
+def integrity_report(
+    pages: dict[str, Any],
+    audit: dict[str, Any],
+    verdicts: dict[str, int],
+    sessions: list[SessionIntegrity],
+    findings: list[str] | None = None,
+) -> IntegrityReport:
+    """Assemble an `IntegrityReport` from Citadel's page check, audit-log check and the sessions'."""
+    bad_items = sum(count for verdict, count in verdicts.items() if verdict != "authentic")
+    findings = findings or []
+    return IntegrityReport(
+        ok=bool(pages["ok"]) and bad_items == 0 and bool(audit["chain_valid"])
+        and all(session.ok for session in sessions) and not findings,
+        pages_checked=int(pages["pages_checked"]),
+        page_errors=[str(error["message"]) for error in pages["errors"]],
+        item_verdicts=verdicts,
+        audit_entries=int(audit["entries_verified"]),
+        audit_break_at=None if audit["chain_valid"] else int(audit["chain_break_at"] or 0),
+        sessions=sessions,
+        findings=findings,
+    )
 
 
 def reembed(
@@ -368,7 +402,7 @@ def reembed(
     """
     try:
         resolved_embedder = resolve_embedder(embedder)
-        database = _database.acquire(path, key)
+        database = _database.acquire(path, key, None, check_before_memory)
     finally:
         del key  # see CitadelSessionStore.__init__
     try:
@@ -378,7 +412,7 @@ def reembed(
                     f"{database.path} has open stores in this process; close them before re-embedding."
                 )
             with database.operation() as memory:
-                regions, items = reembed_file(memory, resolved_embedder)
+                regions, items = reembed_file(memory, resolved_embedder, database.audit.leftovers)
     finally:
         database.release()
     return ReembedSummary(regions, items, EmbedderIdentity.of(resolved_embedder).model_id)
@@ -389,7 +423,7 @@ def _shared_layout(database: _database.OpenDatabase, embedder: Any) -> SessionLa
         layout = database.layout
         if layout is None:
             with database.operation() as memory:
-                layout = SessionLayout(memory, embedder)
+                layout = SessionLayout(memory, embedder, database.audit, database.region_rows, database.path)
             database.layout = layout
         elif layout.identity != EmbedderIdentity.of(embedder):
             raise EmbedderMismatchError(

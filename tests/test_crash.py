@@ -1,10 +1,12 @@
 """Crash safety: a writer killed with SIGKILL at random moments loses no acknowledged turn.
 
-A child process appends turns to several sessions (and clears and refills one more)
-and prints an acknowledgement after each call returns. The parent kills it at a
+A child process appends turns to several sessions, clears and refills one more, and
+adds two items to another then pops one, and prints an acknowledgement after each
+call returns. The parent kills it at a
 random moment, opens the file, and checks that every acknowledged batch is there,
 whole and in order, that no batch is half written, and that Citadel's own
-integrity check passes.
+integrity check passes. A kill in the middle of a pop or a clear leaves what Citadel
+cannot read: the file must still open, with nothing reported as damage.
 
 The default run kills 30 writers; ``python -m pytest -m slow tests/test_crash.py``
 kills 300. ``CRASH_SEED=<n>`` replays a run (the seed is in the failure message).
@@ -34,6 +36,7 @@ from conftest import KEY
 
 APPENDED = ["alice", "bob", "carol", "dave"]
 CHURNED = "churn"  # cleared, then refilled, every round
+POPPED = "popped"  # two items added, then the second popped, every round
 
 # Imports the package once, then forks a writer per run: a fork starts in milliseconds
 # where an interpreter takes seconds, so the kills, not the start-ups, fill the time.
@@ -44,7 +47,7 @@ WRITERS = textwrap.dedent(
     from citadeldb_openai_agents import CitadelSession, CitadelSessionStore  # the SDK too
 
     path, key = sys.argv[1], sys.argv[2]
-    appended, churned = sys.argv[3].split(","), sys.argv[4]
+    appended, churned, popped = sys.argv[3].split(","), sys.argv[4], sys.argv[5]
 
     def turn(session_id, run, batch):
         size = 1 + (run * 31 + batch * 7 + len(session_id)) % 6
@@ -56,7 +59,7 @@ WRITERS = textwrap.dedent(
 
     async def write_forever(run):
         store = CitadelSessionStore(path, key)
-        sessions = {sid: store.session(sid) for sid in appended + [churned]}
+        sessions = {sid: store.session(sid) for sid in appended + [churned, popped]}
         for batch in range(10**9):
             for sid in appended:
                 await sessions[sid].add_items(turn(sid, run, batch))
@@ -64,6 +67,10 @@ WRITERS = textwrap.dedent(
             await sessions[churned].clear_session()
             await sessions[churned].add_items(turn(churned, run, batch))
             print(f"ack {churned} {batch}", flush=True)
+            await sessions[popped].add_items([{"run": run, "batch": batch, "i": i} for i in (0, 1)])
+            print(f"ack {popped} {batch}", flush=True)
+            assert await sessions[popped].pop_item() == {"run": run, "batch": batch, "i": 1}
+            print(f"ack {popped}-pop {batch}", flush=True)
 
     print("imported", flush=True)
     for line in iter(sys.stdin.readline, ""):
@@ -90,7 +97,7 @@ class Writers:
     def __init__(self, path: Path, log: Path) -> None:
         self._log = open(log, "w")  # noqa: SIM115 - closed in `close`
         self.process = subprocess.Popen(
-            [sys.executable, "-c", WRITERS, str(path), KEY, ",".join(APPENDED), CHURNED],
+            [sys.executable, "-c", WRITERS, str(path), KEY, ",".join(APPENDED), CHURNED, POPPED],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
         )
         self._lines: queue.Queue[str] = queue.Queue()
@@ -207,10 +214,26 @@ def check_file(path: Path, acked: dict[str, set[tuple[int, int]]], context: str)
         last_acked = max(acked[CHURNED], default=None)
         if batches and last_acked is not None:
             assert batches[0] >= last_acked, f"{context}: {CHURNED} went back to {batches[0]}"
-        assert set(store.session_ids()) <= {*APPENDED, CHURNED}
+        popped = asyncio.run(store.session(POPPED).get_items())
+        held += len(popped)
+        check_popped(popped, acked, context)
+        assert set(store.session_ids()) <= {*APPENDED, CHURNED, POPPED}
         report = store.verify()  # Citadel's page check plus its verdict on every live item
         assert report.ok, f"{context}: {report}"
     return held
+
+
+def check_popped(items: list[dict[str, Any]], acked: dict[str, set[tuple[int, int]]], context: str) -> None:
+    """Each round added (i=0, i=1) and popped i=1: an acknowledged pop's item is gone, nothing else is."""
+    firsts = [(item["run"], item["batch"]) for item in items if item["i"] == 0]
+    assert firsts == sorted(set(firsts)), f"{context}: {POPPED} out of order or doubled: {items}"
+    missing = acked[POPPED] - set(firsts)
+    assert not missing, f"{context}: {POPPED} lost acknowledged items {sorted(missing)}"
+    for position, item in enumerate(items):
+        if item["i"] == 1:
+            at = (item["run"], item["batch"])
+            assert at not in acked[f"{POPPED}-pop"], f"{context}: an acknowledged pop came back: {item}"
+            assert position > 0 and items[position - 1] == {**item, "i": 0}, f"{context}: {items}"
 
 
 def run_kills(tmp_path: Path, kills: int) -> None:

@@ -77,14 +77,23 @@ async def test_erase_session_returns_citadels_evidence(store: CitadelSessionStor
 
 async def test_a_clear_interrupted_by_a_crash_finishes_on_reopen(make_store, db_path: Path) -> None:
     store = make_store()
-    await store.session("s").add_items([{"n": 1}])
+    session = store.session("s")
+    for start in range(0, 400, 100):
+        await session.add_items([{"n": n} for n in range(start, start + 100)])
+    await store.session("kept").add_items([{"n": "kept"}])
     regions = stored_ids(store, "s")
     state = store._layout.state("s")
-    # The commit point of a clear, as if the process died right after it.
-    memory_of(store).forget("coa.catalog", [state.catalog_id])
+    # The commit point of a clear, as if the process died right after it and one segment's
+    # drop: the record says "clearing", one segment is gone, the rest still stored.
+    state.record.clearing = True
+    memory_of(store).update_atom_payload("coa.catalog", state.catalog_id, state.record.to_payload())
+    memory_of(store).drop_region(next(iter(regions)))
     store.close()
     reopened = make_store()
     names = {region.name for region in memory_of(reopened).regions()}
     assert not names & set(regions)
-    assert reopened.session_ids() == []
+    assert reopened.session_ids() == ["kept"]
     assert await reopened.session("s").get_items() == []
+    assert await reopened.session("kept").get_items() == [{"n": "kept"}]
+    assert verdicts_after_recreating(reopened, regions) == {"missing"}
+    assert reopened.verify().ok

@@ -1,0 +1,104 @@
+"""The layout's names and records: what each region is called and what its record atoms hold.
+
+A file holds three kinds of region (layout.py says why):
+
+* ``coa.meta``: one atom, the layout record: its format, the file's salt and the
+  embedder its vectors are bound to;
+* ``coa.catalog``: one atom per session, its `CatalogRecord`;
+* ``coa.s.<hid>.<n>``: segment n of the session whose salted HMAC is <hid>.
+
+Format 2 keeps in each catalog record the session's live segments and the erasure
+under way, written before the erasure starts. On open, an atom or region that
+Citadel cannot read is then either one a crash interrupted us erasing (the record
+says so) or damage (damage.py). Format 1 records held only the session id; such
+files are upgraded when opened.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+LAYOUT_FORMAT = 2
+META_REGION = "coa.meta"
+META_KIND = "layout"
+CATALOG_REGION = "coa.catalog"
+CATALOG_KIND = "session"
+SEGMENT_PREFIX = "coa.s."
+# The regions and kinds whose records the open-time audit reads (inventory.take_inventory).
+RECORD_KINDS = {META_REGION: META_KIND, CATALOG_REGION: CATALOG_KIND}
+
+
+def session_hid(salt: bytes, session_id: str) -> str:
+    """A session's region-name stem: reveals nothing (and confirms no guess) without the file's salt."""
+    digest = hmac.new(salt, session_id.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+    return digest[:32]
+
+
+def segment_name(hid: str, number: int) -> str:
+    return f"{SEGMENT_PREFIX}{hid}.{number}"
+
+
+def parse_segment(name: str) -> tuple[str, int] | None:
+    """(hid, number) of a segment's region name; None for any other region."""
+    if not name.startswith(SEGMENT_PREFIX):
+        return None
+    hid, _, number = name[len(SEGMENT_PREFIX) :].partition(".")
+    if not number.isdigit():
+        return None
+    return hid, int(number)
+
+
+@dataclass
+class CatalogRecord:
+    """What a session's catalog atom says about it.
+
+    Writes keep it ahead of the data: a segment is listed before it is created and
+    unlisted before it is dropped, an atom is named in `popping` before a pop
+    erases it, and `clearing` is set before a clear drops anything. So whatever a
+    crash interrupts, the record explains every region and atom that is left.
+    """
+
+    session_id: str
+    # The session's live segment numbers, ascending; None in a format-1 record (then
+    # every segment of the session is live).
+    segments: list[int] | None = field(default_factory=list)
+    # The number the next new segment takes: numbers are never reused, so a
+    # segment dropped once can never be mistaken for a live one.
+    next_segment: int = 0
+    popping: int | None = None
+    clearing: bool = False
+
+    def to_payload(self) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "segments": self.segments,
+            "next": self.next_segment,
+            "popping": self.popping,
+            "clearing": self.clearing,
+        }
+        try:
+            self.session_id.encode("utf-8")
+            payload["session"] = self.session_id
+        except UnicodeEncodeError:
+            # Citadel refuses a payload holding a lone surrogate, which a str can hold;
+            # its JSON escape round-trips (tests/test_hostile_input.py).
+            payload["escaped"] = json.dumps(self.session_id)
+        return payload
+
+    @classmethod
+    def from_payload(cls, payload: Any) -> CatalogRecord:
+        if isinstance(payload, str):  # format 1: the id alone
+            return cls(payload, segments=None)
+        session_id = payload["session"] if "session" in payload else json.loads(payload["escaped"])
+        if "segments" not in payload:  # format 1, an escaped id
+            return cls(session_id, segments=None)
+        return cls(
+            session_id,
+            segments=list(payload["segments"]),
+            next_segment=int(payload["next"]),
+            popping=payload.get("popping"),
+            clearing=bool(payload.get("clearing")),
+        )

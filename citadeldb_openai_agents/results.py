@@ -1,0 +1,71 @@
+"""What the store's operator methods return: summaries, reports and receipts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+@dataclass(frozen=True)
+class SessionSummary:
+    """One session as `CitadelSessionStore.sessions` lists it."""
+
+    session_id: str
+    items: int
+    first_write: datetime
+    last_write: datetime
+
+
+@dataclass(frozen=True)
+class SessionIntegrity:
+    """One session as `verify` found it: the items the file holds and those Citadel reads back.
+
+    `session_id` is None for items whose session cannot be named (its catalog record
+    is unreadable). `missing` items are held by the file's pages but cannot be read
+    (their keys are damaged); `not_authentic` ones read back but fail Citadel's check.
+    """
+
+    session_id: str | None
+    expected: int
+    readable: int
+    not_authentic: int = 0
+    cause: str | None = None
+
+    @property
+    def missing(self) -> int:
+        return self.expected - self.readable
+
+    @property
+    def ok(self) -> bool:
+        return not self.missing and not self.not_authentic
+
+
+@dataclass(frozen=True)
+class IntegrityReport:
+    """What `CitadelSessionStore.verify` (or `verify_file`) found."""
+
+    ok: bool
+    pages_checked: int
+    page_errors: list[str]
+    item_verdicts: dict[str, int]
+    # Citadel's audit log (erasures, backups) is an HMAC chain: entries verified, and the
+    # first entry that breaks it (None when intact, or when the file keeps no log).
+    audit_entries: int = 0
+    audit_break_at: int | None = None
+    # Every session holding items, with what could be read of it.
+    sessions: list[SessionIntegrity] = field(default_factory=list)
+    # Damage not tied to one session (the layout record, the catalog's key).
+    findings: list[str] = field(default_factory=list)
+
+    @property
+    def damaged_sessions(self) -> list[SessionIntegrity]:
+        return [session for session in self.sessions if not session.ok]
+
+
+@dataclass(frozen=True)
+class ReembedSummary:
+    """What `reembed` did: regions re-embedded, items kept, and the new model id."""
+
+    regions: int
+    items: int
+    model_id: str
