@@ -7,12 +7,14 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from citadeldb_openai_agents import CitadelSessionStore
+from citadeldb_openai_agents.database import _MemoryHandle
 
 KEY = "correct horse battery staple"
 
@@ -55,6 +57,40 @@ def make_store(db_path: Path) -> Iterator[Callable[..., CitadelSessionStore]]:
 @pytest.fixture
 def store(make_store: Callable[..., CitadelSessionStore]) -> CitadelSessionStore:
     return make_store()
+
+
+@dataclass(frozen=True)
+class ForgedAttestation:
+    """A verdict as Citadel's `AtomAttestation` gives it (Citadel's own cannot be built)."""
+
+    atom_id: int
+    verdict: str
+
+
+@pytest.fixture
+def readback_still_finds(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
+    """A fault at the engine boundary: Citadel's `verify` calls these atoms ``authentic``
+    even after they were erased, as if their keys had survived.
+
+    Every operation reaches Citadel through the open file's `_MemoryHandle`; its `verify`
+    is replaced, for stores already open and those opened later (the CLI's own) alike.
+    Call the fixture with the atom ids the readback should still find.
+    """
+    still_there: set[int] = set()
+
+    def verify(handle: _MemoryHandle, region: str, ids: list[int]) -> list[Any]:
+        return [
+            ForgedAttestation(found.atom_id, "authentic")
+            if found.atom_id in still_there and found.verdict == "missing" else found
+            for found in handle.__getattr__("verify")(region, ids)  # Citadel's own verify
+        ]
+
+    monkeypatch.setattr(_MemoryHandle, "verify", verify, raising=False)
+
+    def still_finds(*atom_ids: int) -> None:
+        still_there.update(atom_ids)
+
+    return still_finds
 
 
 def run_python(code: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

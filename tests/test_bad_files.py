@@ -80,18 +80,27 @@ def restore(backup: Path, path: Path) -> None:
             shutil.copy(file, path.parent / file.name.replace(backup.name, path.name, 1))
 
 
-async def read_everything(path: Path, held: dict[str, list[dict]]) -> None:
-    """Every call a user makes, each checked against what was written."""
+async def read_everything(path: Path, held: dict[str, list[dict]], damaged_page: int | None = None) -> None:
+    """Every call a user makes, each checked against what was written.
+
+    `verify` must call every item authentic, and report no damaged page but
+    `damaged_page` (a page no call reads, which changes nothing a user sees).
+    """
     with CitadelSessionStore(path, KEY) as store:
         assert store.session_ids() == sorted(held)
         for sid, items in held.items():
             session = store.session(sid)
             assert await session.get_items() == items
             assert await session.get_items(limit=3) == items[-3:]
-            await session.search("says")
+            found = await session.search("says")  # every item says it: the top 5 are found
+            assert len(found) == 5 and all(item in items for item in found), (sid, found)
         await store.session("new").add_items([{"content": "written after the damage"}])
         await store.session("new").pop_item()
-        store.verify()
+        report = store.verify()
+    assert report.item_verdicts == {"authentic": sum(map(len, held.values()))}
+    assert report.audit_break_at is None
+    assert all(error.startswith(f"page:{damaged_page} ") for error in report.page_errors), report
+    assert report.ok == (not report.page_errors), report
 
 
 def assert_names_file_and_fix(error: BaseException, path: Path) -> None:
@@ -138,7 +147,7 @@ async def sweep_damaged_pages(original, tmp_path: Path, samples: int | None) -> 
         damaged = copy_of(path, tmp_path / f"page-{page}")
         flip(damaged, page * PAGE + PAGE // 2)
         try:
-            await read_everything(damaged, held)
+            await read_everything(damaged, held, damaged_page=page)
         except CorruptDatabaseError as error:
             assert_names_file_and_fix(error, damaged)
             outcomes["reported"].append(page)

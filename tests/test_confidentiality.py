@@ -13,6 +13,8 @@ import secrets
 import shutil
 from pathlib import Path
 
+import citadeldb
+
 from citadeldb_openai_agents import CitadelSessionStore
 
 from conftest import KEY
@@ -80,6 +82,62 @@ async def test_no_file_holds_a_marker_or_a_session_id(make_store, db_path: Path)
     # The search itself finds what is there, in any of the encodings.
     (db_path.parent / "control.txt").write_text(f"x{accented}x", encoding="utf-16")
     assert files_holding(db_path.parent, looked_for) == {"control.txt": [accented]}
+
+
+def region_names(path: Path) -> set[str]:
+    """The file's region names as Citadel lists them to anyone holding the passphrase."""
+    db = citadeldb.connect(str(path), key=KEY, region_keys=True)
+    try:
+        memory = db.memory()
+        names = {region.name for region in memory.regions()}
+        del memory  # Citadel holds the file's lock while a Memory object lives
+    finally:
+        db.close()
+    return names
+
+
+def revealing_forms(session_id: str) -> list[str]:
+    """What a region name must not contain: the id, or the shortest prefix (16 hex digits,
+    so every longer one too) of its unsalted SHA-256 or MD5 digest."""
+    data = session_id.encode("utf-8", "surrogatepass")
+    return [
+        session_id.lower(),  # Citadel folds ASCII case in region names
+        hashlib.sha256(data).hexdigest()[:16],
+        hashlib.md5(data).hexdigest()[:16],
+    ]
+
+
+REGION_NAME_IDS = ["user-123", "Patient-Zoë-Ünïcødé-🔑", "a" * 4_000, "x" * 100_000, "\ud800-lone"]
+
+
+async def write_sessions(path: Path, session_ids: list[str]) -> None:
+    with CitadelSessionStore(path, KEY, argon2_profile="iot") as store:
+        for session_id in session_ids:
+            await store.session(session_id).add_items([{"role": "user", "content": "hello"}])
+
+
+async def test_region_names_do_not_reveal_session_ids_to_a_holder_of_the_passphrase(tmp_path: Path) -> None:
+    empty, written = tmp_path / "empty.cdl", tmp_path / "agent.cdl"
+    await write_sessions(empty, [])
+    await write_sessions(written, REGION_NAME_IDS)
+    session_regions = region_names(written) - region_names(empty)
+    assert len(session_regions) == len(REGION_NAME_IDS), "one segment per session"
+    for name in region_names(written):
+        for session_id in REGION_NAME_IDS:
+            for form in revealing_forms(session_id):
+                assert form not in name.lower(), (name, session_id[:40], form)
+
+
+async def test_each_file_names_the_same_session_differently(tmp_path: Path) -> None:
+    """The HMAC's salt is the file's own: names cannot be matched across files."""
+    first, second, empty = tmp_path / "first.cdl", tmp_path / "second.cdl", tmp_path / "empty.cdl"
+    await write_sessions(empty, [])
+    for path in (first, second):
+        await write_sessions(path, REGION_NAME_IDS)
+    in_first = region_names(first) - region_names(empty)
+    in_second = region_names(second) - region_names(empty)
+    assert len(in_first) == len(in_second) == len(REGION_NAME_IDS)
+    assert in_first.isdisjoint(in_second)
 
 
 async def test_what_clear_session_erased_is_missing_for_citadel_and_from_the_files(make_store, db_path: Path) -> None:

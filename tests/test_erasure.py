@@ -97,3 +97,16 @@ async def test_a_clear_interrupted_by_a_crash_finishes_on_reopen(make_store, db_
     assert await reopened.session("kept").get_items() == [{"n": "kept"}]
     assert verdicts_after_recreating(reopened, regions) == {"missing"}
     assert reopened.verify().ok
+
+
+async def test_erase_session_reports_a_readback_that_still_finds_an_erased_item(
+    store: CitadelSessionStore, readback_still_finds
+) -> None:
+    session = store.session("s")
+    await session.add_items([{"n": n} for n in range(3)])
+    [(region, ids)] = stored_ids(store, "s").items()
+    readback_still_finds(ids[1])
+    erasure = store.erase_session("s")
+    assert erasure.readback_confirmed is False
+    assert (erasure.items_erased, erasure.regions_dropped) == (3, 1)
+    assert await session.get_items() == []

@@ -333,4 +333,8 @@ async def test_very_long_session_ids_stay_isolated(store: CitadelSessionStore, d
         # Region names carry a salted HMAC, never the id: no length limit leaks through.
         await reopened.session(long).clear_session()
         assert await reopened.session(long + "y").get_items() == [{"owner": long + "y"}]
-    assert json.dumps(sorted(ids))  # ids are plain strings, nothing was truncated
+    kept = sorted(set(ids) - {long})  # listed exactly after another reopen: none truncated, the cleared one gone
+    with CitadelSessionStore(db_path, KEY) as reopened:
+        listed = [summary.session_id for summary in reopened.sessions()]
+        assert reopened.session_ids() == listed == kept
+        assert [len(session_id) for session_id in listed] == [len(session_id) for session_id in kept]

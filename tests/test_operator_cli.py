@@ -26,6 +26,8 @@ import pytest
 from citadeldb_openai_agents import CitadelSessionStore, WrongPassphraseError
 from citadeldb_openai_agents.cli import main
 
+from test_erasure import stored_ids
+
 PASSPHRASE = "correct horse battery staple 7f3a"
 NEW_PASSPHRASE = "new passphrase after rotation 2b9d"
 WRONG = "wrong passphrase 91c2e"
@@ -206,6 +208,71 @@ def test_erase_prints_a_json_receipt_per_session(
     assert receipts[0]["database"] == str(database)
     with CitadelSessionStore(database, PASSPHRASE) as store:
         assert store.sessions() == []
+
+
+def atom_ids(path: Path, session_id: str) -> list[int]:
+    """The ids of a session's stored items (Citadel's atoms), read before the command runs."""
+    with CitadelSessionStore(path, PASSPHRASE) as store:
+        store.export(session_id)  # a reopened file's regions are attached as they are read
+        return [atom for ids in stored_ids(store, session_id).values() for atom in ids]
+
+
+UNCONFIRMED = (
+    "error: the readback did not confirm the erasure of 'user-123': the keys were destroyed, "
+    "but Citadel did not read every item back as missing. Keep this receipt and run "
+    "`python -m citadeldb_openai_agents verify`."
+)
+
+
+def test_erase_exits_1_and_says_what_to_do_when_the_readback_still_finds_an_item(
+    database: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    readback_still_finds,
+) -> None:
+    readback_still_finds(atom_ids(database, "user-123")[0])
+    code, out, err = run_here(capsys, monkeypatch, database, "erase", "user-123", "--yes")
+
+    assert code == 1
+    assert f"erased session 'user-123' from {database}" in out
+    assert "items erased:       2" in out
+    assert "readback confirmed: NO" in out and "readback confirmed: yes" not in out
+    assert err.strip() == UNCONFIRMED
+    with CitadelSessionStore(database, PASSPHRASE) as store:
+        assert store.session_ids() == ["user-456"]
+
+
+def test_erase_prints_every_receipt_when_one_readback_does_not_confirm(
+    database: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    readback_still_finds,
+) -> None:
+    readback_still_finds(atom_ids(database, "user-123")[-1])
+    code, out, err = run_here(
+        capsys, monkeypatch, database, "erase", "user-123", "user-456", "--yes"
+    )
+
+    assert code == 1
+    receipts = out.split("erased session ")[1:]
+    assert [receipt.split(" from ")[0] for receipt in receipts] == ["'user-123'", "'user-456'"]
+    assert "readback confirmed: NO" in receipts[0]
+    assert "readback confirmed: yes" in receipts[1] and "items erased:       1" in receipts[1]
+    assert err.strip() == UNCONFIRMED
+
+
+def test_erase_json_carries_readback_confirmed_false_for_the_unconfirmed_session(
+    database: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    readback_still_finds,
+) -> None:
+    readback_still_finds(atom_ids(database, "user-123")[-1])
+    code, out, err = run_here(
+        capsys, monkeypatch, database, "erase", "user-123", "user-456", "--yes", "--json"
+    )
+
+    assert code == 1
+    assert '"readback_confirmed": false' in out
+    receipts = json.loads(out)
+    assert [(r["session_id"], r["items_erased"], r["readback_confirmed"]) for r in receipts] == [
+        ("user-123", 2, False), ("user-456", 1, True),
+    ]
+    assert err.strip() == UNCONFIRMED
 
 
 def test_erase_checks_every_id_first_and_erases_nothing_if_one_is_unknown(

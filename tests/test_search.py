@@ -69,8 +69,7 @@ async def test_a_popped_question_is_not_used_for_the_next_reply(make_store) -> N
 
 
 def test_the_page_cache_defaults_to_holding_a_large_file(make_store, monkeypatch: pytest.MonkeyPatch) -> None:
-    from citadeldb_openai_agents.store import DEFAULT_CACHE_PAGES
-
+    """16,384 pages of ~8 KiB: the default the README documents (Citadel's own is under 1,000)."""
     asked: list[dict[str, object]] = []
     real = citadeldb.DatabaseOptions
 
@@ -81,7 +80,7 @@ def test_the_page_cache_defaults_to_holding_a_large_file(make_store, monkeypatch
     monkeypatch.setattr(citadeldb, "DatabaseOptions", recording)
     make_store().close()
     make_store(cache_size=500).close()
-    assert [options["cache_size"] for options in asked] == [DEFAULT_CACHE_PAGES, 500]
+    assert [options["cache_size"] for options in asked] == [16_384, 500]
 
 
 async def test_a_larger_page_cache_is_an_option(make_store) -> None:
