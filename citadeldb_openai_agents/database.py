@@ -33,6 +33,7 @@ from .errors import (
     SessionClosedError,
     WrongPassphraseError,
 )
+from .lock_holder import find_lock_holder
 
 T = TypeVar("T")
 
@@ -320,10 +321,7 @@ def translate_open_error(exc: BaseException, path: str) -> BaseException:
             "CITADEL_KEY_FILE (the file was left untouched)."
         )
     if isinstance(exc, citadeldb.OperationalError) and "locked" in message:
-        return DatabaseLockedError(
-            f"{path} is held by another process: one process owns a Citadel file at a time. "
-            "Stop the other process (or run this work inside it through its store), then retry."
-        )
+        return _locked(path)
     if isinstance(exc, citadeldb.OperationalError) and "its database does not" in message:
         return DatabaseNotFoundError(
             f"{path} does not exist, but its companion files do: the database file was deleted "
@@ -338,6 +336,20 @@ def translate_open_error(exc: BaseException, path: str) -> BaseException:
             "(.citadel-keys, -regions, -atomkeys); restore them together from a backup."
         )
     return exc
+
+
+def _locked(path: str) -> DatabaseLockedError:
+    holder = find_lock_holder(path)
+    who = "another process" if holder is None else f"another process, {holder}"
+    # The usual cause: a server started with several workers, each opening the file.
+    return DatabaseLockedError(
+        f"{path} is held by {who}: one process owns a Citadel file at a time. If it is "
+        "another worker of this app (uvicorn or gunicorn --workers N), run one worker: its "
+        "event loop already serves many conversations at once (serving one file to many "
+        "processes is planned). Otherwise stop that process (or run this work inside it "
+        "through its store), then retry.",
+        holder=holder,
+    )
 
 
 def _refuse_lost_region_keys(db: citadeldb.Database, path: str) -> None:
