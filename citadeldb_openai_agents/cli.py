@@ -208,6 +208,9 @@ def _print_report(report: CheckReport) -> None:
         print(f"database: {database.path}")
         if not database.exists:
             print("  not created yet (created on first use)")
+        elif database.locked:
+            holder = "" if database.held_by is None else f", {database.held_by}"
+            print(f"  held by another process{holder}: not opened, so the passphrase was not verified")
         elif database.passphrase_verified:
             print("  passphrase: verified")
             print(f"  sessions:   {database.sessions}")

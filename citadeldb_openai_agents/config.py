@@ -20,7 +20,8 @@ import citadeldb
 
 from .database import database_files, resolve_path
 from .embedders import DEFAULT_MOCK_DIM, Embedder, resolve_embedder
-from .errors import CitadelSessionError, DatabaseNotFoundError
+from .errors import CitadelSessionError, DatabaseLockedError, DatabaseNotFoundError
+from .lock_holder import LockHolder
 from .settings import (
     CitadelSettings,
     ConfigurationError,
@@ -265,13 +266,19 @@ class SettingReport:
 
 @dataclass(frozen=True)
 class DatabaseReport:
-    """What opening the database found. `exists` False: it is created on first use."""
+    """What opening the database found. `exists` False: it is created on first use.
+
+    `locked`: another process holds the file, so it was not opened; `held_by` is
+    that process when it can be known.
+    """
 
     path: str
     exists: bool
     passphrase_verified: bool = False
     sessions: int | None = None
     size_bytes: int = 0
+    locked: bool = False
+    held_by: LockHolder | None = None
 
 
 @dataclass
@@ -283,6 +290,8 @@ class CheckReport:
     database: DatabaseReport | None = None
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # The settings alone are valid (all that --no-open checks); the database may still fail.
+    configuration_ok: bool = False
 
     @property
     def ok(self) -> bool:
@@ -293,6 +302,7 @@ class CheckReport:
         """The report as JSON-ready data."""
         return {
             "ok": self.ok,
+            "configuration_ok": self.configuration_ok,
             "config_file": self.config_file,
             "settings": {
                 row.name: {
@@ -314,7 +324,9 @@ def check_configuration(config: ConfigSource = None, *, open_database: bool = Tr
     open the database; report every value with its source and every problem found.
 
     An existing database is opened, which verifies the passphrase; a missing one is
-    not created, only its directory checked.
+    not created, only its directory checked. A file another process holds is a
+    problem that says the configuration is valid (`CheckReport.configuration_ok`)
+    and the passphrase unverified.
     """
     report = CheckReport()
     with warnings.catch_warnings(record=True) as caught:
@@ -335,6 +347,7 @@ def check_configuration(config: ConfigSource = None, *, open_database: bool = Tr
     except ConfigurationError as exc:
         report.problems.extend(exc.problems)
         return report
+    report.configuration_ok = True
     if open_database:
         report.database = _check_database(settings, embedder, report.problems)
     return report
@@ -395,6 +408,18 @@ def _check_database(
     try:
         with _open_store(settings, embedder) as store:
             sessions = len(store.session_ids())
+    except DatabaseLockedError as exc:
+        # Normal while the service runs: the settings are fine, only the passphrase is unknown.
+        who = "another process" if exc.holder is None else f"another process, {exc.holder}"
+        problems.append(
+            f"the configuration is valid, but {path} is held by {who}, so the passphrase could "
+            "not be verified (one process owns a Citadel file at a time). While it runs, "
+            "`python -m citadeldb_openai_agents check --no-open` checks the configuration "
+            "alone; to verify the passphrase too, run check while the file is free."
+        )
+        return DatabaseReport(
+            path, exists=True, size_bytes=_size(path), locked=True, held_by=exc.holder
+        )
     except (CitadelSessionError, citadeldb.CitadelError, OSError) as exc:
         problems.append(str(exc))
         return DatabaseReport(path, exists=True, size_bytes=_size(path))

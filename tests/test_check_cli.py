@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -114,6 +115,41 @@ def test_a_database_not_created_yet_is_usable_and_not_created_by_check(tmp_path:
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["database"]["exists"] is False
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture
+def held(deployed: Path) -> Iterator[subprocess.Popen[str]]:
+    """The running service: another process holding the deployed database."""
+    service = "import sys\nfrom citadeldb_openai_agents import from_config\nstore = from_config()\n"
+    process = subprocess.Popen(
+        [sys.executable, "-c", service + "print('serving', flush=True)\nsys.stdin.readline()\n"],
+        cwd=deployed, env=environment(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    assert process.stdout is not None and process.stdout.readline() == "serving\n"
+    yield process
+    process.communicate("\n", timeout=60)
+
+
+def test_a_file_held_by_the_service_says_the_configuration_is_valid_and_names_the_holder(
+    deployed: Path, held: subprocess.Popen[str]
+) -> None:
+    text, as_json = check(cwd=deployed), check("--json", cwd=deployed)
+
+    assert text.returncode == as_json.returncode == 1  # the passphrase was not verified
+    assert f"held by another process, PID {held.pid}" in text.stdout
+    assert "not opened, so the passphrase was not verified" in text.stdout
+    [problem] = json.loads(as_json.stdout)["problems"]
+    for output in (text.stderr, problem):
+        assert "the configuration is valid" in output
+        assert f"{deployed / 'app.cdl'} is held by another process, PID {held.pid}" in output
+        assert "the passphrase could not be verified" in output
+        assert "check --no-open` checks the configuration alone" in output
+    report = json.loads(as_json.stdout)
+    assert (report["ok"], report["configuration_ok"]) == (False, True)
+    assert report["database"]["locked"] is True
+    assert report["database"]["held_by"]["pid"] == held.pid
+    assert report["database"]["passphrase_verified"] is False
+    assert check("--no-open", cwd=deployed).returncode == 0
 
 
 def test_a_usage_error_exits_2(tmp_path: Path) -> None:
