@@ -41,7 +41,15 @@ class DatabaseLockedError(CitadelSessionError):
 
 
 class DatabaseNotFoundError(CitadelSessionError, FileNotFoundError):
-    """The file's directory (or a companion file Citadel needs) does not exist."""
+    """The file's directory (or a companion file Citadel needs) does not exist.
+
+    `creation_refused` is True when the file itself does not exist and the caller
+    forbade creating it (``create=False``).
+    """
+
+    def __init__(self, message: str, *, creation_refused: bool = False) -> None:
+        super().__init__(message)
+        self.creation_refused = creation_refused
 
 
 class CorruptDatabaseError(CitadelSessionError):

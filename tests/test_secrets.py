@@ -161,6 +161,8 @@ async def test_success_path_shows_the_passphrase_nowhere(original: Path, tmp_pat
     ]
     store.rotate_key(PASSPHRASE, NEW)
     shown += [store, vars(store), store._database]
+    CitadelSessionStore(tmp_path / "new.cdl", PASSPHRASE, argon2_profile="iot").close()
+    assert any(record.name == "citadeldb_openai_agents" for record in every_log_record)  # "created ..."
     own.close()
     store.close()
     shown += [store, own, repr(store), str(store)]
