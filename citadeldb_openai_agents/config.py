@@ -45,9 +45,12 @@ def from_config(config: ConfigSource = None, **overrides: Any) -> CitadelSession
             else ``./citadel.toml`` when it exists, else variables and defaults only).
         **overrides: Settings that win over every other source (``ttl="1h"``, ...).
 
-    Raises `ConfigurationError` listing every problem found in the configuration;
-    errors opening the file (`WrongPassphraseError`, ...) pass through. Calls that
-    resolve to the same file in one process share one open database.
+    Raises `ConfigurationError` listing every problem found in the configuration,
+    and `DatabaseNotFoundError` naming the path and its source when the file does
+    not exist and ``create`` is false (``from_config(create=False)``,
+    ``CITADEL_CREATE=false``); other errors opening the file (`WrongPassphraseError`,
+    ...) pass through. Calls that resolve to the same file in one process share one
+    open database.
     """
     settings = load_settings(config, **overrides)
     return _open_store(settings, build_embedder(settings))
@@ -75,13 +78,7 @@ def open_existing_store(config: ConfigSource = None) -> CitadelSessionStore:
     otherwise raises as `from_config` does.
     """
     settings = load_settings(config)
-    path = resolve_path(settings.path)
-    if not os.path.exists(path):
-        raise DatabaseNotFoundError(
-            f"there is no database at {path} (path from {settings.provenance('path').origin}); "
-            "operator commands never create one. Correct CITADEL_PATH / path, or pass --config."
-        )
-    return _open_store(settings, build_embedder(settings))
+    return _open_store(settings, build_embedder(settings), existing_only=True)
 
 
 def _session_settings(limit: int) -> Any:
@@ -94,12 +91,12 @@ def _session_settings(limit: int) -> Any:
 def reembed_from_config(config: ConfigSource = None) -> ReembedSummary:
     """`reembed` the configured file with the configured embedder (the fix for a model change)."""
     settings = load_settings(config)
-    path = resolve_path(settings.path)
-    if not os.path.exists(path):
-        raise DatabaseNotFoundError(
-            f"there is no database at {path} (path from {settings.provenance('path').origin}) to re-embed."
-        )
-    return reembed(path, settings.key.get_secret_value(), build_embedder(settings))
+    try:
+        return reembed(settings.path, settings.key.get_secret_value(), build_embedder(settings))
+    except DatabaseNotFoundError as exc:
+        if not exc.creation_refused:
+            raise
+        raise _no_database(settings, existing_only=True) from None
 
 
 # -- embedders ---------------------------------------------------------------------------
@@ -237,17 +234,48 @@ EMBEDDER_PROVIDERS: dict[str, EmbedderBuilder] = {
 }
 
 
-def _open_store(settings: CitadelSettings, embedder: Embedder) -> CitadelSessionStore:
+def _open_store(
+    settings: CitadelSettings, embedder: Embedder, *, existing_only: bool = False
+) -> CitadelSessionStore:
+    """The store, its errors told in the configuration's terms (which setting, which file).
+
+    A missing file is created as the ``create`` setting says, never when `existing_only`
+    (operator commands, check).
+    """
     limit = settings.session_limit
-    return CitadelSessionStore(
-        settings.path,
-        settings.key.get_secret_value(),
-        embedder=embedder,
-        ttl=settings.ttl,
-        session_settings=None if limit is None else _session_settings(limit),
-        argon2_profile=settings.argon2_profile,
-        sync_mode=settings.sync_mode,
-        cache_size=settings.cache_size,
+    try:
+        return CitadelSessionStore(
+            settings.path,
+            settings.key.get_secret_value(),
+            embedder=embedder,
+            ttl=settings.ttl,
+            session_settings=None if limit is None else _session_settings(limit),
+            argon2_profile=settings.argon2_profile,
+            sync_mode=settings.sync_mode,
+            cache_size=settings.cache_size,
+            create=settings.create and not existing_only,
+        )
+    except DatabaseNotFoundError as exc:
+        if not exc.creation_refused:
+            raise
+        raise _no_database(settings, existing_only=existing_only) from None
+
+
+def _no_database(settings: CitadelSettings, *, existing_only: bool) -> DatabaseNotFoundError:
+    """The store's refusal to create a file, naming where the path and the refusal came from."""
+    if existing_only:
+        refusal, fix = "operator commands never create one", "or pass --config"
+    else:
+        refusal = f"create is false (from {settings.provenance('create').origin})"
+        fix = "or set create = true (CITADEL_CREATE=true) to start a new, empty database there"
+    relative = "" if settings.path.is_absolute() else (
+        f"; {settings.path} is relative, so it resolved against the working directory {os.getcwd()}"
+    )
+    return DatabaseNotFoundError(
+        f"there is no database at {resolve_path(settings.path)} (path from "
+        f"{settings.provenance('path').origin}{relative}); {refusal}. Correct CITADEL_PATH / "
+        f"path, {fix}.",
+        creation_refused=True,
     )
 
 
@@ -324,9 +352,9 @@ def check_configuration(config: ConfigSource = None, *, open_database: bool = Tr
     open the database; report every value with its source and every problem found.
 
     An existing database is opened, which verifies the passphrase; a missing one is
-    not created, only its directory checked. A file another process holds is a
-    problem that says the configuration is valid (`CheckReport.configuration_ok`)
-    and the passphrase unverified.
+    not created, only its directory checked (a problem itself when ``create`` is
+    false). A file another process holds is a problem that says the configuration is
+    valid (`CheckReport.configuration_ok`) and the passphrase unverified.
     """
     report = CheckReport()
     with warnings.catch_warnings(record=True) as caught:
@@ -391,6 +419,9 @@ def _check_database(
     settings: CitadelSettings, embedder: Embedder, problems: list[str]
 ) -> DatabaseReport:
     path = resolve_path(settings.path)
+    if not os.path.exists(path) and not settings.create:
+        problems.append(str(_no_database(settings, existing_only=False)))
+        return DatabaseReport(path, exists=False)
     if not os.path.exists(path):
         # A check must not create the file; whether it could is what matters.
         directory = os.path.dirname(path)
@@ -406,7 +437,7 @@ def _check_database(
             )
         return DatabaseReport(path, exists=False)
     try:
-        with _open_store(settings, embedder) as store:
+        with _open_store(settings, embedder, existing_only=True) as store:
             sessions = len(store.session_ids())
     except DatabaseLockedError as exc:
         # Normal while the service runs: the settings are fine, only the passphrase is unknown.

@@ -154,7 +154,15 @@ class CitadelSettings(BaseSettings):
 
     path: Path = Field(
         Path("agent_sessions.cdl"),
-        description="the Citadel file (created on first use; its directory must exist)",
+        description="the Citadel file (created on first use unless create is false; its "
+        "directory must exist); a relative path resolves against the working directory, "
+        "or in the TOML file against the file's directory",
+    )
+    # A wrong path or working directory otherwise starts an empty database without a word.
+    create: bool = Field(
+        True,
+        description="create the file when it does not exist; false makes a missing file an "
+        "error (DatabaseNotFoundError)",
     )
     key: SecretStr = Field(
         description="the passphrase; in deployments prefer CITADEL_KEY_FILE or the secrets "

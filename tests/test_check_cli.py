@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -150,6 +151,20 @@ def test_a_file_held_by_the_service_says_the_configuration_is_valid_and_names_th
     assert report["database"]["held_by"]["pid"] == held.pid
     assert report["database"]["passphrase_verified"] is False
     assert check("--no-open", cwd=deployed).returncode == 0
+
+
+def test_create_false_with_no_database_is_a_problem_naming_the_path_and_both_sources(
+    tmp_path: Path,
+) -> None:
+    result = check(cwd=tmp_path, CITADEL_KEY=PASSPHRASE, CITADEL_PATH=str(tmp_path / "typo.cdl"),
+                   CITADEL_CREATE="false")
+
+    assert result.returncode == 1
+    assert re.search(r"\n  create +false +environment variable CITADEL_CREATE\n", result.stdout)
+    assert "does not exist, and create is false" in result.stdout
+    assert f"there is no database at {tmp_path / 'typo.cdl'} (path from environment variable " \
+        "CITADEL_PATH); create is false (from environment variable CITADEL_CREATE)" in result.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_usage_error_exits_2(tmp_path: Path) -> None:

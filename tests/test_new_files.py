@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from citadeldb_openai_agents import CitadelSessionStore, DatabaseNotFoundError
+from citadeldb_openai_agents import CitadelSessionStore, DatabaseNotFoundError, from_config
 
 from conftest import KEY
 
@@ -43,6 +43,15 @@ def test_opening_an_existing_file_logs_nothing(tmp_path: Path, caplog) -> None:
     assert created(caplog) == []
 
 
+def test_from_config_logs_the_file_it_creates(tmp_path: Path, caplog) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+
+    with from_config(key=KEY, path="sessions.cdl", argon2_profile="iot"):
+        pass
+
+    assert created(caplog) == [f"created a new Citadel database at {tmp_path / 'sessions.cdl'}"]
+
+
 def test_create_false_refuses_a_missing_file_and_creates_nothing(tmp_path: Path) -> None:
     with pytest.raises(DatabaseNotFoundError) as caught:
         CitadelSessionStore("agent.cdl", KEY, create=False)
@@ -60,3 +69,41 @@ def test_create_false_opens_an_existing_file(tmp_path: Path) -> None:
 
     with CitadelSessionStore("agent.cdl", KEY, create=False) as store:
         assert store.session_ids() == []
+
+
+def test_from_config_create_false_names_the_absolute_path_and_both_sources(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CITADEL_PATH", "sessions.cdl")
+
+    with pytest.raises(DatabaseNotFoundError) as caught:
+        from_config(key=KEY, create=False)
+
+    message = str(caught.value)
+    assert message.startswith(
+        f"there is no database at {tmp_path / 'sessions.cdl'} (path from environment variable "
+        f"CITADEL_PATH; sessions.cdl is relative, so it resolved against the working directory "
+        f"{tmp_path}); create is false (from argument create)."
+    )
+    assert "set create = true (CITADEL_CREATE=true)" in message
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("variables", "toml", "source"),
+    [
+        ({"CITADEL_CREATE": "false"}, "", "environment variable CITADEL_CREATE"),
+        ({}, "create = false\n", "TOML file"),
+    ],
+)
+def test_a_create_false_setting_refuses_a_missing_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variables: dict[str, str], toml: str, source: str
+) -> None:
+    (tmp_path / "citadel.toml").write_text('path = "sessions.cdl"\n' + toml)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+
+    with pytest.raises(DatabaseNotFoundError, match=f"create is false \\(from {source}"):
+        from_config(key=KEY)
+
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["citadel.toml"]
