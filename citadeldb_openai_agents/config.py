@@ -354,7 +354,8 @@ def check_configuration(config: ConfigSource = None, *, open_database: bool = Tr
     An existing database is opened, which verifies the passphrase; a missing one is
     not created, only its directory checked (a problem itself when ``create`` is
     false). A file another process holds is a problem that says the configuration is
-    valid (`CheckReport.configuration_ok`) and the passphrase unverified.
+    valid (`CheckReport.configuration_ok`) and the passphrase unverified. A path that
+    depends on the working directory (relative, not from the TOML file) is a warning.
     """
     report = CheckReport()
     with warnings.catch_warnings(record=True) as caught:
@@ -370,6 +371,8 @@ def check_configuration(config: ConfigSource = None, *, open_database: bool = Tr
             )
     if settings is None:
         return report
+    if not settings.path.is_absolute():
+        report.warnings.append(_relative_path_warning(settings))
     try:
         embedder = build_embedder(settings)
     except ConfigurationError as exc:
@@ -394,6 +397,18 @@ def _checked_settings(config: ConfigSource, report: CheckReport) -> CitadelSetti
         for name in settings.setting_names()
     ]
     return settings
+
+
+def _relative_path_warning(settings: CitadelSettings) -> str:
+    # A TOML file's relative paths are already resolved against its directory, so only
+    # an argument, a variable or the default can still depend on the working directory.
+    return (
+        f"path {settings.path} (from {settings.provenance('path').origin}) is relative, so it "
+        f"resolves against the working directory: here {resolve_path(settings.path)}. A "
+        "process started in another directory uses another file (and creates it, empty, "
+        "unless create is false). Give an absolute path, or set path in the TOML file, "
+        "where it resolves against the file's directory."
+    )
 
 
 def _where(settings: CitadelSettings, name: str) -> tuple[Origin, tuple[Origin, ...]]:

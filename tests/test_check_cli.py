@@ -153,6 +153,30 @@ def test_a_file_held_by_the_service_says_the_configuration_is_valid_and_names_th
     assert check("--no-open", cwd=deployed).returncode == 0
 
 
+def test_a_relative_path_is_warned_about_with_where_it_resolves(deployed: Path) -> None:
+    text = check(cwd=deployed, CITADEL_PATH="app.cdl")
+    as_json = check("--json", cwd=deployed, CITADEL_PATH="app.cdl")
+
+    assert text.returncode == as_json.returncode == 0, text.stderr
+    warning = (
+        "path app.cdl (from environment variable CITADEL_PATH) is relative, so it resolves "
+        f"against the working directory: here {deployed / 'app.cdl'}"
+    )
+    assert f"warning: {warning}" in text.stderr
+    assert any(warning in w for w in json.loads(as_json.stdout)["warnings"])
+
+
+def test_a_relative_path_in_the_toml_file_is_shown_resolved_against_it_without_a_warning(
+    deployed: Path,
+) -> None:
+    result = check("--json", "--no-open", cwd=deployed)  # citadel.toml says path = "app.cdl"
+
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["settings"]["path"]["value"] == str(deployed / "app.cdl")
+    assert report["warnings"] == []
+
+
 def test_create_false_with_no_database_is_a_problem_naming_the_path_and_both_sources(
     tmp_path: Path,
 ) -> None:
