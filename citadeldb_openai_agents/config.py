@@ -20,9 +20,16 @@ import citadeldb
 
 from .database import database_files, resolve_path
 from .embedders import DEFAULT_MOCK_DIM, Embedder, resolve_embedder
-from .errors import CitadelSessionError, DatabaseLockedError, DatabaseNotFoundError
+from .errors import (
+    CitadelSessionError,
+    DatabaseLockedError,
+    DatabaseNotFoundError,
+    WrongPassphraseError,
+)
 from .lock_holder import LockHolder
 from .settings import (
+    KEY_FILE,
+    SECRETS_DIRECTORY,
     CitadelSettings,
     ConfigurationError,
     ConfigurationWarning,
@@ -255,6 +262,11 @@ def _open_store(
             cache_size=settings.cache_size,
             create=settings.create and not existing_only,
         )
+    except WrongPassphraseError as exc:
+        hint = _key_file_hint(settings)
+        if hint is None:
+            raise
+        raise WrongPassphraseError(f"{exc} {hint}") from None
     except DatabaseNotFoundError as exc:
         if not exc.creation_refused:
             raise
@@ -277,6 +289,36 @@ def _no_database(settings: CitadelSettings, *, existing_only: bool) -> DatabaseN
         f"path, {fix}.",
         creation_refused=True,
     )
+
+
+def _key_file_hint(settings: CitadelSettings) -> str | None:
+    """Why a passphrase read from a file may be wrong, without a character of it.
+
+    Returns None when the passphrase did not come from a file. Its own frame is gone
+    before the caller raises, so no traceback holds the passphrase it looks at.
+    """
+    origin = settings.provenance("key").origin
+    if origin.kind not in (KEY_FILE, SECRETS_DIRECTORY):
+        return None
+    passphrase = settings.key.get_secret_value()
+    edges = []
+    if passphrase[0].isspace():
+        edges.append(f"starts with {_whitespace_name(passphrase[0])}")
+    if passphrase[-1].isspace():
+        still = "still " if passphrase[-1] in "\r\n" else ""
+        edges.append(f"{still}ends with {_whitespace_name(passphrase[-1])}")
+    found = f"; as read, it {' and '.join(edges)}" if edges else ""
+    return (
+        f"The passphrase came from the file {origin.detail}, read as is: one trailing newline "
+        "stripped, every other character kept, whitespace included, so whitespace in the file "
+        f"may be the cause{found}. If the whitespace is not part of the passphrase, remove it "
+        "from the file."
+    )
+
+
+def _whitespace_name(character: str) -> str:
+    names = {"\n": "a newline", "\r": "a carriage return", " ": "a space", "\t": "a tab"}
+    return names.get(character, f"whitespace (U+{ord(character):04X})")
 
 
 # -- check ---------------------------------------------------------------------------------

@@ -10,7 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from citadeldb_openai_agents import CitadelSettings, ConfigurationError, from_config
+from citadeldb_openai_agents import (
+    CitadelSettings,
+    ConfigurationError,
+    WrongPassphraseError,
+    from_config,
+)
 from citadeldb_openai_agents.config import build_embedder
 from citadeldb_openai_agents.settings import ConfigurationWarning
 
@@ -477,6 +482,64 @@ def test_from_config_overrides_win_over_variables(monkeypatch: pytest.MonkeyPatc
 
     with from_config(ttl="2h", argon2_profile="iot") as store:
         assert store.ttl == 7200
+
+
+@pytest.fixture
+def database(tmp_path: Path) -> Path:
+    """A file made with PASSPHRASE, and a citadel.toml naming it."""
+    with from_config(key=PASSPHRASE, path=tmp_path / "app.cdl", argon2_profile="iot"):
+        pass
+    write(tmp_path / "citadel.toml", 'path = "app.cdl"\n')
+    return tmp_path / "app.cdl"
+
+
+READ_AS_IS = (
+    "read as is: one trailing newline stripped, every other character kept, whitespace "
+    "included, so whitespace in the file may be the cause"
+)
+
+
+@pytest.mark.parametrize(
+    ("content", "found"),
+    [
+        (PASSPHRASE + "\n\n", "; as read, it still ends with a newline."),
+        (" " + PASSPHRASE + "\n", "; as read, it starts with a space."),
+        ("\t" + PASSPHRASE + " \r\n", "; as read, it starts with a tab and ends with a space."),
+        ("not the passphrase\n", ". If the whitespace"),  # nothing at the edges to point at
+    ],
+)
+@pytest.mark.parametrize("source", ["CITADEL_KEY_FILE", "secrets directory"])
+def test_a_wrong_passphrase_from_a_file_says_how_the_file_was_read(
+    database: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: str, found: str,
+    source: str,
+) -> None:
+    if source == "CITADEL_KEY_FILE":
+        key_file = write(tmp_path / "citadel.key", content)
+        monkeypatch.setenv("CITADEL_KEY_FILE", str(key_file))
+    else:
+        (tmp_path / "secrets").mkdir()
+        key_file = write(tmp_path / "secrets" / "citadel_key", content)
+        monkeypatch.setenv("CITADEL_SECRETS_DIR", str(tmp_path / "secrets"))
+
+    with pytest.raises(WrongPassphraseError) as caught:
+        from_config()
+
+    message = str(caught.value)
+    assert message.startswith(f"wrong passphrase for {database}")
+    assert f"The passphrase came from the file {key_file}, {READ_AS_IS}{found}" in message
+    assert PASSPHRASE not in message and "not the passphrase" not in message
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+def test_a_wrong_passphrase_from_a_variable_gets_no_key_file_hint(
+    database: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CITADEL_KEY", PASSPHRASE + "\n")
+
+    with pytest.raises(WrongPassphraseError) as caught:
+        from_config()
+
+    assert "came from the file" not in str(caught.value)
 
 
 # -- embedders -----------------------------------------------------------------------------
