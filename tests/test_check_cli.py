@@ -191,6 +191,21 @@ def test_create_false_with_no_database_is_a_problem_naming_the_path_and_both_sou
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_toml_syntax_error_is_reported_without_its_follow_on_problems(tmp_path: Path) -> None:
+    write(tmp_path / "citadel.toml", 'path = "app.cdl"\nkey_file = "citadel.key\n')
+
+    text = check(cwd=tmp_path, CITADEL_TLL="60")
+    as_json = check("--json", cwd=tmp_path, CITADEL_TLL="60")
+
+    assert text.returncode == as_json.returncode == 1
+    problems = json.loads(as_json.stdout)["problems"]
+    assert len(problems) == 2, problems
+    assert f"{tmp_path / 'citadel.toml'} is not valid TOML" in problems[0]
+    assert "(at line 2, column 24)" in problems[0]
+    assert "Did you mean CITADEL_TTL?" in problems[1]
+    assert "not usable, 2 problems" in text.stderr and "passphrase" not in text.stderr
+
+
 def test_a_usage_error_exits_2(tmp_path: Path) -> None:
     result = check("--no-such-flag", cwd=tmp_path)
 

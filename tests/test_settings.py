@@ -313,6 +313,36 @@ def test_invalid_toml_names_the_line_and_never_quotes_it(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize(
+    ("toml", "line"),
+    [('path = "app.cdl"\nkey_file = "secret\n', "line 2, column 19"), ("ttl = \n", "line 1, column 7")],
+)
+def test_a_toml_syntax_error_is_reported_alone_but_other_sources_still_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, toml: str, line: str
+) -> None:
+    write(tmp_path / "citadel.toml", toml)
+    monkeypatch.setenv("CITADEL_TLL", "60")
+    monkeypatch.setenv("CITADEL_SYNC_MODE", "sometimes")
+
+    with pytest.raises(ConfigurationError) as excinfo:
+        CitadelSettings()
+
+    # The key_file the file would have named is missing for that reason alone: no
+    # "no passphrase is configured" to send the operator after the wrong problem.
+    syntax, unknown, bad_value = excinfo.value.problems
+    assert syntax.startswith(f"{tmp_path / 'citadel.toml'} is not valid TOML: ")
+    assert f"(at {line})" in syntax
+    assert unknown.startswith("unknown environment variable CITADEL_TLL.")
+    assert bad_value.startswith("sync_mode (from environment variable CITADEL_SYNC_MODE)")
+
+
+def test_a_missing_passphrase_is_still_reported_when_the_toml_file_parses(tmp_path: Path) -> None:
+    write(tmp_path / "citadel.toml", 'path = "app.cdl"\n')
+
+    with pytest.raises(ConfigurationError, match="no passphrase is configured"):
+        CitadelSettings()
+
+
+@pytest.mark.parametrize(
     ("toml", "unknown", "suggestion"),
     [
         ("tll = 60\n", "'tll'", "ttl"),
