@@ -208,7 +208,13 @@ def _print_report(report: CheckReport) -> None:
     if database is not None:
         print(f"database: {database.path}")
         if not database.exists:
-            print("  not created yet (created on first use)")
+            if _value(report, "create"):
+                print("  not created yet (created on first use)")
+            else:
+                print("  does not exist, and create is false (see the problems)")
+        elif database.locked:
+            holder = "" if database.held_by is None else f", {database.held_by}"
+            print(f"  held by another process{holder}: not opened, so the passphrase was not verified")
         elif database.passphrase_verified:
             print("  passphrase: verified")
             print(f"  sessions:   {database.sessions}")
@@ -229,6 +235,10 @@ def _print_report(report: CheckReport) -> None:
         print(f"  - {problem}", file=sys.stderr)
 
 
+def _value(report: CheckReport, name: str) -> Any:
+    return next(row.value for row in report.settings if row.name == name)
+
+
 # What an unset setting means, where it is not simply "nothing" (the store decides it).
 _UNSET_MEANS = {"ttl": "keep forever", "cache_size": f"{DEFAULT_CACHE_PAGES} pages"}
 
@@ -241,6 +251,8 @@ def _text(name: str, value: Any) -> str:
         return ", ".join(value) if value else "none"
     if name == "ttl":
         return f"{value:g} s"
+    if isinstance(value, bool):
+        return str(value).lower()  # as written in the TOML file and the variables
     return str(value)
 
 

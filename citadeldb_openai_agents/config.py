@@ -20,9 +20,18 @@ import citadeldb
 
 from .database import database_files, resolve_path
 from .embedders import DEFAULT_MOCK_DIM, Embedder, resolve_embedder
-from .errors import CitadelSessionError, CorruptDatabaseError, DatabaseNotFoundError
+from .errors import (
+    CitadelSessionError,
+    CorruptDatabaseError,
+    DatabaseLockedError,
+    DatabaseNotFoundError,
+    WrongPassphraseError,
+)
+from .lock_holder import LockHolder
 from .results import IntegrityReport
 from .settings import (
+    KEY_FILE,
+    SECRETS_DIRECTORY,
     CitadelSettings,
     ConfigurationError,
     ConfigurationWarning,
@@ -45,9 +54,12 @@ def from_config(config: ConfigSource = None, **overrides: Any) -> CitadelSession
             else ``./citadel.toml`` when it exists, else variables and defaults only).
         **overrides: Settings that win over every other source (``ttl="1h"``, ...).
 
-    Raises `ConfigurationError` listing every problem found in the configuration;
-    errors opening the file (`WrongPassphraseError`, ...) pass through. Calls that
-    resolve to the same file in one process share one open database.
+    Raises `ConfigurationError` listing every problem found in the configuration,
+    and `DatabaseNotFoundError` naming the path and its source when the file does
+    not exist and ``create`` is false (``from_config(create=False)``,
+    ``CITADEL_CREATE=false``); other errors opening the file (`WrongPassphraseError`,
+    ...) pass through. Calls that resolve to the same file in one process share one
+    open database.
     """
     settings = load_settings(config, **overrides)
     return _open_store(settings, build_embedder(settings))
@@ -75,13 +87,7 @@ def open_existing_store(config: ConfigSource = None) -> CitadelSessionStore:
     otherwise raises as `from_config` does.
     """
     settings = load_settings(config)
-    path = resolve_path(settings.path)
-    if not os.path.exists(path):
-        raise DatabaseNotFoundError(
-            f"there is no database at {path} (path from {settings.provenance('path').origin}); "
-            "operator commands never create one. Correct CITADEL_PATH / path, or pass --config."
-        )
-    return _open_store(settings, build_embedder(settings))
+    return _open_store(settings, build_embedder(settings), existing_only=True)
 
 
 def verify_from_config(config: ConfigSource = None) -> tuple[str, IntegrityReport]:
@@ -111,12 +117,12 @@ def _session_settings(limit: int) -> Any:
 def reembed_from_config(config: ConfigSource = None) -> ReembedSummary:
     """`reembed` the configured file with the configured embedder (the fix for a model change)."""
     settings = load_settings(config)
-    path = resolve_path(settings.path)
-    if not os.path.exists(path):
-        raise DatabaseNotFoundError(
-            f"there is no database at {path} (path from {settings.provenance('path').origin}) to re-embed."
-        )
-    return reembed(path, settings.key.get_secret_value(), build_embedder(settings))
+    try:
+        return reembed(settings.path, settings.key.get_secret_value(), build_embedder(settings))
+    except DatabaseNotFoundError as exc:
+        if not exc.creation_refused:
+            raise
+        raise _no_database(settings, existing_only=True) from None
 
 
 # -- embedders ---------------------------------------------------------------------------
@@ -254,18 +260,84 @@ EMBEDDER_PROVIDERS: dict[str, EmbedderBuilder] = {
 }
 
 
-def _open_store(settings: CitadelSettings, embedder: Embedder) -> CitadelSessionStore:
+def _open_store(
+    settings: CitadelSettings, embedder: Embedder, *, existing_only: bool = False
+) -> CitadelSessionStore:
+    """The store, its errors told in the configuration's terms (which setting, which file).
+
+    A missing file is created as the ``create`` setting says, never when `existing_only`
+    (operator commands, check).
+    """
     limit = settings.session_limit
-    return CitadelSessionStore(
-        settings.path,
-        settings.key.get_secret_value(),
-        embedder=embedder,
-        ttl=settings.ttl,
-        session_settings=None if limit is None else _session_settings(limit),
-        argon2_profile=settings.argon2_profile,
-        sync_mode=settings.sync_mode,
-        cache_size=settings.cache_size,
+    try:
+        return CitadelSessionStore(
+            settings.path,
+            settings.key.get_secret_value(),
+            embedder=embedder,
+            ttl=settings.ttl,
+            session_settings=None if limit is None else _session_settings(limit),
+            argon2_profile=settings.argon2_profile,
+            sync_mode=settings.sync_mode,
+            cache_size=settings.cache_size,
+            create=settings.create and not existing_only,
+        )
+    except WrongPassphraseError as exc:
+        hint = _key_file_hint(settings)
+        if hint is None:
+            raise
+        raise WrongPassphraseError(f"{exc} {hint}") from None
+    except DatabaseNotFoundError as exc:
+        if not exc.creation_refused:
+            raise
+        raise _no_database(settings, existing_only=existing_only) from None
+
+
+def _no_database(settings: CitadelSettings, *, existing_only: bool) -> DatabaseNotFoundError:
+    """The store's refusal to create a file, naming where the path and the refusal came from."""
+    if existing_only:
+        refusal, fix = "operator commands never create one", "or pass --config"
+    else:
+        refusal = f"create is false (from {settings.provenance('create').origin})"
+        fix = "or set create = true (CITADEL_CREATE=true) to start a new, empty database there"
+    relative = "" if settings.path.is_absolute() else (
+        f"; {settings.path} is relative, so it resolved against the working directory {os.getcwd()}"
     )
+    return DatabaseNotFoundError(
+        f"there is no database at {resolve_path(settings.path)} (path from "
+        f"{settings.provenance('path').origin}{relative}); {refusal}. Correct CITADEL_PATH / "
+        f"path, {fix}.",
+        creation_refused=True,
+    )
+
+
+def _key_file_hint(settings: CitadelSettings) -> str | None:
+    """Why a passphrase read from a file may be wrong, without a character of it.
+
+    Returns None when the passphrase did not come from a file. Its own frame is gone
+    before the caller raises, so no traceback holds the passphrase it looks at.
+    """
+    origin = settings.provenance("key").origin
+    if origin.kind not in (KEY_FILE, SECRETS_DIRECTORY):
+        return None
+    passphrase = settings.key.get_secret_value()
+    edges = []
+    if passphrase[0].isspace():
+        edges.append(f"starts with {_whitespace_name(passphrase[0])}")
+    if passphrase[-1].isspace():
+        still = "still " if passphrase[-1] in "\r\n" else ""
+        edges.append(f"{still}ends with {_whitespace_name(passphrase[-1])}")
+    found = f"; as read, it {' and '.join(edges)}" if edges else ""
+    return (
+        f"The passphrase came from the file {origin.detail}, read as is: one trailing newline "
+        "stripped, every other character kept, whitespace included, so whitespace in the file "
+        f"may be the cause{found}. If the whitespace is not part of the passphrase, remove it "
+        "from the file."
+    )
+
+
+def _whitespace_name(character: str) -> str:
+    names = {"\n": "a newline", "\r": "a carriage return", " ": "a space", "\t": "a tab"}
+    return names.get(character, f"whitespace (U+{ord(character):04X})")
 
 
 # -- check ---------------------------------------------------------------------------------
@@ -283,13 +355,19 @@ class SettingReport:
 
 @dataclass(frozen=True)
 class DatabaseReport:
-    """What opening the database found. `exists` False: it is created on first use."""
+    """What opening the database found. `exists` False: it is created on first use.
+
+    `locked`: another process holds the file, so it was not opened; `held_by` is
+    that process when it can be known.
+    """
 
     path: str
     exists: bool
     passphrase_verified: bool = False
     sessions: int | None = None
     size_bytes: int = 0
+    locked: bool = False
+    held_by: LockHolder | None = None
 
 
 @dataclass
@@ -301,6 +379,8 @@ class CheckReport:
     database: DatabaseReport | None = None
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # The settings alone are valid (all that --no-open checks); the database may still fail.
+    configuration_ok: bool = False
 
     @property
     def ok(self) -> bool:
@@ -311,6 +391,7 @@ class CheckReport:
         """The report as JSON-ready data."""
         return {
             "ok": self.ok,
+            "configuration_ok": self.configuration_ok,
             "config_file": self.config_file,
             "settings": {
                 row.name: {
@@ -332,7 +413,10 @@ def check_configuration(config: ConfigSource = None, *, open_database: bool = Tr
     open the database; report every value with its source and every problem found.
 
     An existing database is opened, which verifies the passphrase; a missing one is
-    not created, only its directory checked.
+    not created, only its directory checked (a problem itself when ``create`` is
+    false). A file another process holds is a problem that says the configuration is
+    valid (`CheckReport.configuration_ok`) and the passphrase unverified. A path that
+    depends on the working directory (relative, not from the TOML file) is a warning.
     """
     report = CheckReport()
     with warnings.catch_warnings(record=True) as caught:
@@ -348,11 +432,14 @@ def check_configuration(config: ConfigSource = None, *, open_database: bool = Tr
             )
     if settings is None:
         return report
+    if not settings.path.is_absolute():
+        report.warnings.append(_relative_path_warning(settings))
     try:
         embedder = build_embedder(settings)
     except ConfigurationError as exc:
         report.problems.extend(exc.problems)
         return report
+    report.configuration_ok = True
     if open_database:
         report.database = _check_database(settings, embedder, report.problems)
     return report
@@ -371,6 +458,18 @@ def _checked_settings(config: ConfigSource, report: CheckReport) -> CitadelSetti
         for name in settings.setting_names()
     ]
     return settings
+
+
+def _relative_path_warning(settings: CitadelSettings) -> str:
+    # A TOML file's relative paths are already resolved against its directory, so only
+    # an argument, a variable or the default can still depend on the working directory.
+    return (
+        f"path {settings.path} (from {settings.provenance('path').origin}) is relative, so it "
+        f"resolves against the working directory: here {resolve_path(settings.path)}. A "
+        "process started in another directory uses another file (and creates it, empty, "
+        "unless create is false). Give an absolute path, or set path in the TOML file, "
+        "where it resolves against the file's directory."
+    )
 
 
 def _where(settings: CitadelSettings, name: str) -> tuple[Origin, tuple[Origin, ...]]:
@@ -396,6 +495,9 @@ def _check_database(
     settings: CitadelSettings, embedder: Embedder, problems: list[str]
 ) -> DatabaseReport:
     path = resolve_path(settings.path)
+    if not os.path.exists(path) and not settings.create:
+        problems.append(str(_no_database(settings, existing_only=False)))
+        return DatabaseReport(path, exists=False)
     if not os.path.exists(path):
         # A check must not create the file; whether it could is what matters.
         directory = os.path.dirname(path)
@@ -411,8 +513,20 @@ def _check_database(
             )
         return DatabaseReport(path, exists=False)
     try:
-        with _open_store(settings, embedder) as store:
+        with _open_store(settings, embedder, existing_only=True) as store:
             sessions = len(store.session_ids())
+    except DatabaseLockedError as exc:
+        # Normal while the service runs: the settings are fine, only the passphrase is unknown.
+        who = "another process" if exc.holder is None else f"another process, {exc.holder}"
+        problems.append(
+            f"the configuration is valid, but {path} is held by {who}, so the passphrase could "
+            "not be verified (one process owns a Citadel file at a time). While it runs, "
+            "`python -m citadeldb_openai_agents check --no-open` checks the configuration "
+            "alone; to verify the passphrase too, run check while the file is free."
+        )
+        return DatabaseReport(
+            path, exists=True, size_bytes=_size(path), locked=True, held_by=exc.holder
+        )
     except (CitadelSessionError, citadeldb.CitadelError, OSError) as exc:
         problems.append(str(exc))
         return DatabaseReport(path, exists=True, size_bytes=_size(path))

@@ -36,6 +36,7 @@ from .errors import (
     StorageError,
     WrongPassphraseError,
 )
+from .lock_holder import find_lock_holder
 
 T = TypeVar("T")
 
@@ -398,10 +399,7 @@ def translate_open_error(exc: BaseException, path: str) -> BaseException:
             "database and its other companion files, from a backup. The files were left untouched."
         )
     if isinstance(exc, citadeldb.OperationalError) and "locked" in message:
-        return DatabaseLockedError(
-            f"{path} is held by another process: one process owns a Citadel file at a time. "
-            "Stop the other process (or run this work inside it through its store), then retry."
-        )
+        return _locked(path)
     if isinstance(exc, (FileNotFoundError, citadeldb.CitadelError)) and (
         "no such file" in message or "not found" in message or "missing" in message
     ):
@@ -425,6 +423,20 @@ _KEY_FILE_DAMAGE = (
     "argon2 parallelism",
 )
 _AUDIT_MAGIC = "0x41554454"  # "AUDT", the audit log's magic number
+
+
+def _locked(path: str) -> DatabaseLockedError:
+    holder = find_lock_holder(path)
+    who = "another process" if holder is None else f"another process, {holder}"
+    # The usual cause: a server started with several workers, each opening the file.
+    return DatabaseLockedError(
+        f"{path} is held by {who}: one process owns a Citadel file at a time. If it is "
+        "another worker of this app (uvicorn or gunicorn --workers N), run one worker: its "
+        "event loop already serves many conversations at once (serving one file to many "
+        "processes is planned). Otherwise stop that process (or run this work inside it "
+        "through its store), then retry.",
+        holder=holder,
+    )
 
 
 def _damaged_companion(exc: BaseException, path: str) -> CorruptDatabaseError | None:

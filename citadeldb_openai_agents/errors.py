@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .lock_holder import LockHolder
 
 
 class CitadelSessionError(Exception):
@@ -25,11 +29,27 @@ class WrongPassphraseError(CitadelSessionError):
 
 
 class DatabaseLockedError(CitadelSessionError):
-    """Another process holds the Citadel file."""
+    """Another process holds the Citadel file.
+
+    `holder` is that process (its PID and shortened command line), or None where it
+    cannot be known (not Linux, or its lock is not visible from here).
+    """
+
+    def __init__(self, message: str, *, holder: LockHolder | None = None) -> None:
+        super().__init__(message)
+        self.holder = holder
 
 
 class DatabaseNotFoundError(CitadelSessionError, FileNotFoundError):
-    """The file's directory (or a companion file Citadel needs) does not exist."""
+    """The file's directory (or a companion file Citadel needs) does not exist.
+
+    `creation_refused` is True when the file itself does not exist and the caller
+    forbade creating it (``create=False``).
+    """
+
+    def __init__(self, message: str, *, creation_refused: bool = False) -> None:
+        super().__init__(message)
+        self.creation_refused = creation_refused
 
 
 class CorruptDatabaseError(CitadelSessionError):

@@ -154,7 +154,15 @@ class CitadelSettings(BaseSettings):
 
     path: Path = Field(
         Path("agent_sessions.cdl"),
-        description="the Citadel file (created on first use; its directory must exist)",
+        description="the Citadel file (created on first use unless create is false; its "
+        "directory must exist); a relative path resolves against the working directory, "
+        "or in the TOML file against the file's directory",
+    )
+    # A wrong path or working directory otherwise starts an empty database without a word.
+    create: bool = Field(
+        True,
+        description="create the file when it does not exist; false makes a missing file an "
+        "error (DatabaseNotFoundError)",
     )
     key: SecretStr = Field(
         description="the passphrase; in deployments prefer CITADEL_KEY_FILE or the secrets "
@@ -421,6 +429,9 @@ class _LoadState:
         self.passphrase_origin: Origin | None = None
         # Set while a source's values carry a passphrase just read from a key file.
         self._key_file_origin: Origin | None = None
+        # The TOML file named is missing or could not be parsed: what it would have set is
+        # missing for that reason alone, and saying so again would bury the real problem.
+        self.toml_unreadable = False
         self.config_file = self._choose_config_file(config_file)
 
     def _choose_config_file(self, explicit: str | os.PathLike[str] | None) -> Path | None:
@@ -437,6 +448,7 @@ class _LoadState:
                 f"the configuration file {named} (from {via}) {state}; "
                 "correct the path or create the file (see config.example.toml)"
             )
+            self.toml_unreadable = True
             return None
         return named.absolute()
 
@@ -491,6 +503,8 @@ class _LoadState:
             name = ".".join(loc[:2])
             origin = self.origins.get(name)
             where = f" (from {origin})" if origin else ""
+            if item["type"] == "missing" and self.toml_unreadable:
+                continue
             if item["type"] == "missing" and name == "key":
                 if self.passphrase_origin is None:
                     problems.append(
@@ -693,9 +707,11 @@ class TomlFileSource(PydanticBaseSettingsSource):
             self._loading.problems.append(
                 f"{self.file} is not valid TOML: {exc}; fix the syntax there"
             )
+            self._loading.toml_unreadable = True
             return {}
         except OSError as exc:
             self._loading.problems.append(f"{self.file} cannot be read ({exc.strerror})")
+            self._loading.toml_unreadable = True
             return {}
         if "key" in values:
             del values["key"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shutil
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from .session import CitadelSession
 
 T = TypeVar("T")
+_log = logging.getLogger("citadeldb_openai_agents")
 Argon2Profile = Literal["iot", "desktop", "server"]
 SyncMode = Literal["full", "normal", "off"]
 
@@ -47,7 +49,10 @@ class CitadelSessionStore:
     """An encrypted Citadel file shared by every session in it.
 
     Args:
-        path: The database file (created when missing; its directory must exist).
+        path: The database file (created when missing, unless ``create=False``; its
+            directory must exist). A relative path resolves against the working
+            directory. Creating a file is logged at INFO (logger
+            ``citadeldb_openai_agents``) with its absolute path.
         key: The passphrase. Used to open the file and then forgotten.
         embedder: Embeds item text for `CitadelSession.search`; default
             ``citadeldb.MockEmbedder(dim=128)`` (no download). Any object with
@@ -66,6 +71,9 @@ class CitadelSessionStore:
             read). Search is fast only while the cache holds the file (a 1,000-item
             session's search with all-MiniLM-L6-v2: ~90 ms at Citadel's own default of
             under 1,000 pages, ~40 ms with the file cached).
+        create: False refuses to create a new file: a missing one raises
+            `DatabaseNotFoundError` instead, so a wrong path or working directory
+            cannot silently start an empty database.
 
     Stores (and `CitadelSession` objects) on the same file in one process share
     one open database; a different passphrase for an open file is refused.
@@ -82,6 +90,7 @@ class CitadelSessionStore:
         argon2_profile: Argon2Profile | None = None,
         sync_mode: SyncMode | None = None,
         cache_size: int | None = None,
+        create: bool = True,
     ) -> None:
         try:
             _database.check_passphrase(key)
@@ -91,7 +100,7 @@ class CitadelSessionStore:
             options = _database_options(argon2_profile, sync_mode, cache_size)
             self._closed = False
             self._close_lock = threading.Lock()
-            self._database = _database.acquire(path, key, options, check_before_memory)
+            self._database = _acquire(path, key, options, create=create)
         finally:
             # Gone from this frame on every path: error trackers record a failed frame's locals.
             del key
@@ -402,7 +411,7 @@ def reembed(
     """
     try:
         resolved_embedder = resolve_embedder(embedder)
-        database = _database.acquire(path, key, None, check_before_memory)
+        database = _acquire(path, key, create=False, refusal="re-embedding never creates one", fix="")
     finally:
         del key  # see CitadelSessionStore.__init__
     try:
@@ -416,6 +425,38 @@ def reembed(
     finally:
         database.release()
     return ReembedSummary(regions, items, EmbedderIdentity.of(resolved_embedder).model_id)
+
+
+def _acquire(
+    path: str | os.PathLike[str],
+    key: str,
+    options: citadeldb.DatabaseOptions | None = None,
+    *,
+    create: bool,
+    refusal: str = "create=False forbids creating one",
+    fix: str = ", or pass create=True to start a new, empty database",
+) -> _database.OpenDatabase:
+    """`database.acquire`, with the one rule about new files: refused, or logged."""
+    resolved = _database.resolve_path(path)
+    existed = os.path.exists(resolved)
+    try:
+        if not existed and not create:
+            relative = "" if os.path.isabs(os.path.expanduser(path)) else (
+                f" ({os.fspath(path)} is relative, so it resolved against the working directory)"
+            )
+            raise DatabaseNotFoundError(
+                f"there is no database at {resolved}{relative}, and {refusal}. Correct the "
+                f"path{fix}.",
+                creation_refused=True,
+            )
+        database = _database.acquire(resolved, key, options, check_before_memory)
+    finally:
+        del key  # see CitadelSessionStore.__init__
+    if not existed:
+        # Worth a line in the service's log: a new empty file where one was expected is
+        # how a wrong path or working directory shows (the conversations are elsewhere).
+        _log.info("created a new Citadel database at %s", resolved)
+    return database
 
 
 def _shared_layout(database: _database.OpenDatabase, embedder: Any) -> SessionLayout:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -114,6 +116,94 @@ def test_a_database_not_created_yet_is_usable_and_not_created_by_check(tmp_path:
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["database"]["exists"] is False
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture
+def held(deployed: Path) -> Iterator[subprocess.Popen[str]]:
+    """The running service: another process holding the deployed database."""
+    service = "import sys\nfrom citadeldb_openai_agents import from_config\nstore = from_config()\n"
+    process = subprocess.Popen(
+        [sys.executable, "-c", service + "print('serving', flush=True)\nsys.stdin.readline()\n"],
+        cwd=deployed, env=environment(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    assert process.stdout is not None and process.stdout.readline() == "serving\n"
+    yield process
+    process.communicate("\n", timeout=60)
+
+
+def test_a_file_held_by_the_service_says_the_configuration_is_valid_and_names_the_holder(
+    deployed: Path, held: subprocess.Popen[str]
+) -> None:
+    text, as_json = check(cwd=deployed), check("--json", cwd=deployed)
+
+    assert text.returncode == as_json.returncode == 1  # the passphrase was not verified
+    assert f"held by another process, PID {held.pid}" in text.stdout
+    assert "not opened, so the passphrase was not verified" in text.stdout
+    [problem] = json.loads(as_json.stdout)["problems"]
+    for output in (text.stderr, problem):
+        assert "the configuration is valid" in output
+        assert f"{deployed / 'app.cdl'} is held by another process, PID {held.pid}" in output
+        assert "the passphrase could not be verified" in output
+        assert "check --no-open` checks the configuration alone" in output
+    report = json.loads(as_json.stdout)
+    assert (report["ok"], report["configuration_ok"]) == (False, True)
+    assert report["database"]["locked"] is True
+    assert report["database"]["held_by"]["pid"] == held.pid
+    assert report["database"]["passphrase_verified"] is False
+    assert check("--no-open", cwd=deployed).returncode == 0
+
+
+def test_a_relative_path_is_warned_about_with_where_it_resolves(deployed: Path) -> None:
+    text = check(cwd=deployed, CITADEL_PATH="app.cdl")
+    as_json = check("--json", cwd=deployed, CITADEL_PATH="app.cdl")
+
+    assert text.returncode == as_json.returncode == 0, text.stderr
+    warning = (
+        "path app.cdl (from environment variable CITADEL_PATH) is relative, so it resolves "
+        f"against the working directory: here {deployed / 'app.cdl'}"
+    )
+    assert f"warning: {warning}" in text.stderr
+    assert any(warning in w for w in json.loads(as_json.stdout)["warnings"])
+
+
+def test_a_relative_path_in_the_toml_file_is_shown_resolved_against_it_without_a_warning(
+    deployed: Path,
+) -> None:
+    result = check("--json", "--no-open", cwd=deployed)  # citadel.toml says path = "app.cdl"
+
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["settings"]["path"]["value"] == str(deployed / "app.cdl")
+    assert report["warnings"] == []
+
+
+def test_create_false_with_no_database_is_a_problem_naming_the_path_and_both_sources(
+    tmp_path: Path,
+) -> None:
+    result = check(cwd=tmp_path, CITADEL_KEY=PASSPHRASE, CITADEL_PATH=str(tmp_path / "typo.cdl"),
+                   CITADEL_CREATE="false")
+
+    assert result.returncode == 1
+    assert re.search(r"\n  create +false +environment variable CITADEL_CREATE\n", result.stdout)
+    assert "does not exist, and create is false" in result.stdout
+    assert f"there is no database at {tmp_path / 'typo.cdl'} (path from environment variable " \
+        "CITADEL_PATH); create is false (from environment variable CITADEL_CREATE)" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_toml_syntax_error_is_reported_without_its_follow_on_problems(tmp_path: Path) -> None:
+    write(tmp_path / "citadel.toml", 'path = "app.cdl"\nkey_file = "citadel.key\n')
+
+    text = check(cwd=tmp_path, CITADEL_TLL="60")
+    as_json = check("--json", cwd=tmp_path, CITADEL_TLL="60")
+
+    assert text.returncode == as_json.returncode == 1
+    problems = json.loads(as_json.stdout)["problems"]
+    assert len(problems) == 2, problems
+    assert f"{tmp_path / 'citadel.toml'} is not valid TOML" in problems[0]
+    assert "(at line 2, column 24)" in problems[0]
+    assert "Did you mean CITADEL_TTL?" in problems[1]
+    assert "not usable, 2 problems" in text.stderr and "passphrase" not in text.stderr
 
 
 def test_a_usage_error_exits_2(tmp_path: Path) -> None:

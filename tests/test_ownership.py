@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import subprocess
 import sys
 import textwrap
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from citadeldb_openai_agents import CitadelSessionStore
+from citadeldb_openai_agents import CitadelSessionStore, DatabaseLockedError
+from citadeldb_openai_agents import lock_holder
 
 from conftest import KEY
 from stub_embedders import StubEmbedder
@@ -45,6 +47,24 @@ def other_process(db_path: Path) -> Iterator[subprocess.Popen[str]]:
     assert process.stdout is not None and process.stdout.readline() == "ready\n"
     yield process
     process.communicate(timeout=60)
+
+
+@pytest.fixture
+def holder(db_path: Path) -> Iterator[subprocess.Popen[str]]:
+    """Another process that opens the file and keeps it until told to stop."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent("""
+            import sys
+            from citadeldb_openai_agents import CitadelSessionStore
+            store = CitadelSessionStore(sys.argv[1], sys.argv[2], argon2_profile="iot")
+            print("holding", flush=True)
+            sys.stdin.readline()
+        """), str(db_path), KEY],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    assert process.stdout is not None and process.stdout.readline() == "holding\n"
+    yield process
+    process.communicate("\n", timeout=60)
 
 
 def try_to_open(process: subprocess.Popen[str]) -> list[str]:
@@ -85,3 +105,38 @@ async def test_closing_after_a_failed_call_frees_the_file_at_once(db_path: Path,
         assert try_to_open(other_process) == ["opened", "1\n"]
     finally:
         gc.enable()
+
+
+async def test_the_refusal_names_the_holders_pid_and_says_to_run_one_worker(make_store, other_process) -> None:
+    make_store()  # this process holds the file; the other one is refused
+
+    outcome, error, _, message = try_to_open(other_process)
+
+    assert (outcome, error) == ("refused", "DatabaseLockedError")
+    assert f"another process, PID {os.getpid()} (" in message
+    assert "run one worker" in message and "serving one file to many processes is planned" in message
+
+
+def test_the_holder_is_named_with_its_program_but_never_its_arguments(db_path: Path, holder) -> None:
+    with pytest.raises(DatabaseLockedError) as caught:
+        CitadelSessionStore(db_path, KEY)
+
+    assert caught.value.holder is not None
+    assert caught.value.holder.pid == holder.pid
+    program = os.path.basename(sys.executable)
+    assert caught.value.holder.command == f"{program} -c …"  # the code and argv[1:] are left out
+    assert f"held by another process, PID {holder.pid} ({program} -c …)" in str(caught.value)
+    assert KEY not in str(caught.value)
+
+
+def test_a_holder_that_cannot_be_known_is_just_another_process(
+    db_path: Path, holder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(lock_holder, "PROC", tmp_path / "no-proc")  # as on macOS, or without /proc
+
+    with pytest.raises(DatabaseLockedError) as caught:
+        CitadelSessionStore(db_path, KEY)
+
+    assert caught.value.holder is None
+    assert f"{db_path} is held by another process: one process owns" in str(caught.value)
+    assert "run one worker" in str(caught.value)

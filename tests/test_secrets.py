@@ -31,6 +31,7 @@ from citadeldb_openai_agents import (
     EmptyPassphraseError,
     WrongPassphraseError,
     cli,
+    from_config,
 )
 
 PASSPHRASE = "horse-7c1f9e2a-battery-d84b"
@@ -161,6 +162,8 @@ async def test_success_path_shows_the_passphrase_nowhere(original: Path, tmp_pat
     ]
     store.rotate_key(PASSPHRASE, NEW)
     shown += [store, vars(store), store._database]
+    CitadelSessionStore(tmp_path / "new.cdl", PASSPHRASE, argon2_profile="iot").close()
+    assert any(record.name == "citadeldb_openai_agents" for record in every_log_record)  # "created ..."
     own.close()
     store.close()
     shown += [store, own, repr(store), str(store)]
@@ -187,6 +190,14 @@ def failures(path: Path, tmp_path: Path) -> Iterator[tuple[str, type[BaseExcepti
     yield "missing key file", CitadelSessionError, lambda: CitadelSessionStore(keyless, PASSPHRASE)
     yield "missing key file, wrong passphrase", CitadelSessionError, lambda: CitadelSessionStore(keyless, WRONG)
 
+    # The hint on how a key file was read looks at the passphrase's first and last characters.
+    key_file = tmp_path / "wrong.key"
+    key_file.write_text(f" {WRONG}\n\n")
+    key_file.chmod(0o600)
+    yield "wrong passphrase from a key file", WrongPassphraseError, lambda: from_config(
+        path=path, key_file=key_file
+    )
+
     yield "empty passphrase", EmptyPassphraseError, lambda: CitadelSessionStore(path, "")
     yield "bytes passphrase", TypeError, lambda: CitadelSessionStore(path, PASSPHRASE.encode())
     yield "other embedder", CitadelSessionError, lambda: CitadelSessionStore(
@@ -201,7 +212,9 @@ def failures(path: Path, tmp_path: Path) -> Iterator[tuple[str, type[BaseExcepti
     yield "closed store", CitadelSessionError, lambda: asyncio.run(store.session("s").get_items())
 
 
-async def test_no_failure_shows_the_passphrase(original: Path, tmp_path: Path, every_log_record, capfd) -> None:
+async def test_no_failure_shows_the_passphrase(
+    original: Path, tmp_path: Path, clean_environment: None, every_log_record, capfd
+) -> None:
     seen = []
     for name, expected, call in failures(original, tmp_path):
         with pytest.raises(expected) as caught:
@@ -209,7 +222,7 @@ async def test_no_failure_shows_the_passphrase(original: Path, tmp_path: Path, e
         assert not leaked(described(caught.value)), f"{name}: {described(caught.value)}"
         assert not secrets_in_frames(caught.value), f"{name}: {secrets_in_frames(caught.value)}"
         seen.append(name)
-    assert len(seen) == 12
+    assert len(seen) == 13
     assert_nothing_leaked(every_log_record, capfd)
 
 

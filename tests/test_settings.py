@@ -10,7 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from citadeldb_openai_agents import CitadelSettings, ConfigurationError, from_config
+from citadeldb_openai_agents import (
+    CitadelSettings,
+    ConfigurationError,
+    WrongPassphraseError,
+    from_config,
+)
 from citadeldb_openai_agents.config import build_embedder
 from citadeldb_openai_agents.settings import ConfigurationWarning
 
@@ -308,6 +313,36 @@ def test_invalid_toml_names_the_line_and_never_quotes_it(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize(
+    ("toml", "line"),
+    [('path = "app.cdl"\nkey_file = "secret\n', "line 2, column 19"), ("ttl = \n", "line 1, column 7")],
+)
+def test_a_toml_syntax_error_is_reported_alone_but_other_sources_still_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, toml: str, line: str
+) -> None:
+    write(tmp_path / "citadel.toml", toml)
+    monkeypatch.setenv("CITADEL_TLL", "60")
+    monkeypatch.setenv("CITADEL_SYNC_MODE", "sometimes")
+
+    with pytest.raises(ConfigurationError) as excinfo:
+        CitadelSettings()
+
+    # The key_file the file would have named is missing for that reason alone: no
+    # "no passphrase is configured" to send the operator after the wrong problem.
+    syntax, unknown, bad_value = excinfo.value.problems
+    assert syntax.startswith(f"{tmp_path / 'citadel.toml'} is not valid TOML: ")
+    assert f"(at {line})" in syntax
+    assert unknown.startswith("unknown environment variable CITADEL_TLL.")
+    assert bad_value.startswith("sync_mode (from environment variable CITADEL_SYNC_MODE)")
+
+
+def test_a_missing_passphrase_is_still_reported_when_the_toml_file_parses(tmp_path: Path) -> None:
+    write(tmp_path / "citadel.toml", 'path = "app.cdl"\n')
+
+    with pytest.raises(ConfigurationError, match="no passphrase is configured"):
+        CitadelSettings()
+
+
+@pytest.mark.parametrize(
     ("toml", "unknown", "suggestion"),
     [
         ("tll = 60\n", "'tll'", "ttl"),
@@ -477,6 +512,64 @@ def test_from_config_overrides_win_over_variables(monkeypatch: pytest.MonkeyPatc
 
     with from_config(ttl="2h", argon2_profile="iot") as store:
         assert store.ttl == 7200
+
+
+@pytest.fixture
+def database(tmp_path: Path) -> Path:
+    """A file made with PASSPHRASE, and a citadel.toml naming it."""
+    with from_config(key=PASSPHRASE, path=tmp_path / "app.cdl", argon2_profile="iot"):
+        pass
+    write(tmp_path / "citadel.toml", 'path = "app.cdl"\n')
+    return tmp_path / "app.cdl"
+
+
+READ_AS_IS = (
+    "read as is: one trailing newline stripped, every other character kept, whitespace "
+    "included, so whitespace in the file may be the cause"
+)
+
+
+@pytest.mark.parametrize(
+    ("content", "found"),
+    [
+        (PASSPHRASE + "\n\n", "; as read, it still ends with a newline."),
+        (" " + PASSPHRASE + "\n", "; as read, it starts with a space."),
+        ("\t" + PASSPHRASE + " \r\n", "; as read, it starts with a tab and ends with a space."),
+        ("not the passphrase\n", ". If the whitespace"),  # nothing at the edges to point at
+    ],
+)
+@pytest.mark.parametrize("source", ["CITADEL_KEY_FILE", "secrets directory"])
+def test_a_wrong_passphrase_from_a_file_says_how_the_file_was_read(
+    database: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: str, found: str,
+    source: str,
+) -> None:
+    if source == "CITADEL_KEY_FILE":
+        key_file = write(tmp_path / "citadel.key", content)
+        monkeypatch.setenv("CITADEL_KEY_FILE", str(key_file))
+    else:
+        (tmp_path / "secrets").mkdir()
+        key_file = write(tmp_path / "secrets" / "citadel_key", content)
+        monkeypatch.setenv("CITADEL_SECRETS_DIR", str(tmp_path / "secrets"))
+
+    with pytest.raises(WrongPassphraseError) as caught:
+        from_config()
+
+    message = str(caught.value)
+    assert message.startswith(f"wrong passphrase for {database}")
+    assert f"The passphrase came from the file {key_file}, {READ_AS_IS}{found}" in message
+    assert PASSPHRASE not in message and "not the passphrase" not in message
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+def test_a_wrong_passphrase_from_a_variable_gets_no_key_file_hint(
+    database: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CITADEL_KEY", PASSPHRASE + "\n")
+
+    with pytest.raises(WrongPassphraseError) as caught:
+        from_config()
+
+    assert "came from the file" not in str(caught.value)
 
 
 # -- embedders -----------------------------------------------------------------------------
