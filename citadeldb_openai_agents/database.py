@@ -12,11 +12,13 @@ Stores on the same resolved path (relative, ``..`` or symlink) share one
 A forked child inherits the parent's open file but not its owner thread, and
 citadeldb detects no fork: writes through the inherited handle return normally
 and damage the file. So every entry point first checks that it runs in the
-process that opened the file (`ForkedStoreError` otherwise).
+process that opened the file (`ForkedStoreError` otherwise), and the child
+never lets Citadel close or drop what it inherited (see `_after_fork_in_child`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
 import queue
@@ -43,6 +45,9 @@ from .errors import (
 T = TypeVar("T")
 
 _registry: dict[str, OpenDatabase] = {}
+# Databases whose last store let go and whose close is still under way: a child forked
+# meanwhile inherits them as much as those in `_registry` (see `_after_fork_in_child`).
+_closing: set[OpenDatabase] = set()
 _registry_lock = threading.Lock()
 # This process's id, refreshed in a forked child by `_after_fork_in_child`. Every call
 # checks it, several times; `os.getpid()` is a system call each time (measured ~450 ns
@@ -292,11 +297,16 @@ class OpenDatabase:
             if self.references > 0:
                 return
             _registry.pop(self.path, None)
-        with self._idle:
-            self._closed = True
-            while self._in_flight:
-                self._idle.wait()
-        self._close_file()
+            _closing.add(self)
+        try:
+            with self._idle:
+                self._closed = True
+                while self._in_flight:
+                    self._idle.wait()
+            self._close_file()
+        finally:
+            with _registry_lock:
+                _closing.discard(self)
 
     def _close_file(self) -> None:
         result: Future[None] = Future()
@@ -316,18 +326,53 @@ class OpenDatabase:
     def closed(self) -> bool:
         return self._closed
 
+    def keep_citadel_objects_forever(self) -> None:
+        """Make sure this process never drops its `Database` and `Memory` of the file.
+
+        For a forked child: dropping the last reference to either runs Citadel's close,
+        which appends to the file's audit log (measured: in the parent's file, that broke
+        the log's HMAC chain), and interpreter shutdown drops whatever module globals
+        hold. A reference count of our own, never given back, keeps them until the
+        process ends; the memory they hold is the parent's pages, shared copy-on-write.
+        """
+        memory = self.memory._memory if self.memory is not None else None
+        for handle in (self._db, memory):
+            if handle is not None:
+                ctypes.pythonapi.Py_IncRef(ctypes.py_object(handle))
+
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"<OpenDatabase {self.path!r} {state}>"
 
 
+def _before_fork() -> None:
+    # No thread may be opening or closing a file while the process is copied: the child
+    # must find every file the parent holds (or is closing) in `_registry` or `_closing`.
+    _registry_lock.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _registry_lock.release()
+
+
 def _after_fork_in_child() -> None:
-    global _pid
+    global _pid, _registry_lock
     _pid = os.getpid()
+    _registry_lock = threading.Lock()  # the parent's is held by the forking thread
+    # Files being closed are inherited too; `acquire` must refuse them like open ones.
+    for database in _closing:
+        _registry.setdefault(database.path, database)
+    _closing.clear()
+    for database in _registry.values():
+        database.keep_citadel_objects_forever()
 
 
 if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )
 
 
 class _MemoryHandle:
