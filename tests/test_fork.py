@@ -9,17 +9,21 @@ item it wrote, verify, keep its audit chain intact, and reopen in a fresh proces
 
 Children forked from the test process report back through a pipe (their results
 pickled, errors included) and leave with ``os._exit``: never through pytest's teardown.
+The gunicorn tests serve ``tests/asgi_turn_app.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import http.client
 import multiprocessing
 import os
 import pickle
+import queue
 import select
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -27,6 +31,8 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -406,3 +412,140 @@ def test_multiprocessing_fork_pool_tasks_get_forked_store_error_and_the_parent_k
     assert store.session_ids() == ["parent"]
     assert store.verify().ok
 
+
+APP_DIR = Path(__file__).parent  # where asgi_turn_app.py lives
+# uvicorn's own `uvicorn.workers` is deprecated; the uvicorn-worker package carries it on.
+WORKER_CLASS = "uvicorn_worker.UvicornWorker"
+
+
+class Gunicorn:
+    """A gunicorn serving tests/asgi_turn_app.py on 127.0.0.1; its log is kept line by line."""
+
+    def __init__(self, directory: Path, database: Path, *options: str, workers: int) -> None:
+        with socket.socket() as probe:  # a free port, released for gunicorn to bind
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CITADEL_")}
+        env.update(CITADEL_PATH=str(database), CITADEL_KEY=KEY, CITADEL_ARGON2_PROFILE="iot")
+        env["HOME"] = str(directory)  # gunicorn 27 puts a control socket in ~/.gunicorn
+        self.process = subprocess.Popen(
+            [
+                sys.executable, "-m", "gunicorn", *options, "-w", str(workers), "-k", WORKER_CLASS,
+                "-b", f"127.0.0.1:{self.port}", "--pythonpath", str(APP_DIR),
+                "--graceful-timeout", "10", "asgi_turn_app:app",
+            ],
+            cwd=directory, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, text=True,
+            start_new_session=True,  # its own process group: the workers die with it
+        )
+        self.log: list[str] = []
+        self._lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read_log, daemon=True).start()
+
+    def wait_until_serving(self, workers: int) -> None:
+        started = 0
+        while started < workers:
+            started += "Application startup complete" in self._line()
+
+    def _read_log(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self._lines.put(line)
+        self._lines.put("")
+
+    def _line(self) -> str:
+        try:
+            line = self._lines.get(timeout=TIMEOUT)
+        except queue.Empty:
+            raise AssertionError(f"gunicorn wrote nothing for {TIMEOUT} s:\n{''.join(self.log)}") from None
+        assert line, f"gunicorn exited:\n{''.join(self.log)}"
+        self.log.append(line)
+        return line
+
+    def post_turn(self, session_id: str, text: str) -> tuple[int, str]:
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=TIMEOUT)
+        try:
+            connection.request("POST", f"/turn?session={session_id}", body=text.encode())
+            response = connection.getresponse()
+            return response.status, response.read().decode()
+        finally:
+            connection.close()
+
+    def stop(self) -> None:
+        """SIGTERM, as a deploy stops it: the master stops its workers and closes its store."""
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(TIMEOUT)
+        while line := self._lines.get(timeout=TIMEOUT):  # the rest of the log, to its end
+            self.log.append(line)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(TIMEOUT)
+
+
+@contextmanager
+def gunicorn(directory: Path, database: Path, *options: str, workers: int) -> Iterator[Gunicorn]:
+    server = Gunicorn(directory, database, *options, workers=workers)
+    try:
+        server.wait_until_serving(workers)
+        yield server
+    finally:
+        server.kill()  # whatever happened: no process of the test outlives it
+
+
+def send_turns(server: Gunicorn, clients: int, turns: int) -> dict[str, list[tuple[int, str]]]:
+    """Each client sends `turns` turns to a session of its own, one after another; all at once."""
+    def client(number: int) -> list[tuple[int, str]]:
+        return [server.post_turn(f"client-{number}", f"client {number} turn {t}") for t in range(turns)]
+
+    with ThreadPoolExecutor(clients) as pool:
+        answers = list(pool.map(client, range(clients)))
+    return {f"client-{number}": answer for number, answer in enumerate(answers)}
+
+
+def seed(path: Path) -> list[dict[str, Any]]:
+    with CitadelSessionStore(path, KEY, argon2_profile="iot") as store:
+        asyncio.run(store.session("before").add_items(turn("before", 0)))
+    return turn("before", 0)
+
+
+def test_gunicorn_preload_workers_get_forked_store_error_and_the_masters_file_stays_whole(tmp_path: Path) -> None:
+    path = tmp_path / "agent.cdl"
+    before = seed(path)
+    with gunicorn(tmp_path, path, "--preload", workers=2) as server:
+        answers = send_turns(server, clients=4, turns=10)
+        server.stop()
+
+    # The master opened the store at import; every worker inherited it, so every turn fails.
+    statuses = [answer for session in answers.values() for answer in session]
+    assert statuses == [(500, "ForkedStoreError")] * 40
+    log = "".join(server.log)
+    assert log.count("turn failed in session client-") == 40
+    assert log.count(": ForkedStoreError: ") == 40 and "--preload" in log
+    assert KEY not in log
+    with CitadelSessionStore(path, KEY) as store:
+        assert store.session_ids() == ["before"]
+        assert store.export("before") == before
+        report = store.verify()
+        assert report.ok and report.audit_break_at is None, report
+
+
+def test_gunicorn_without_preload_stores_every_acknowledged_turn(tmp_path: Path) -> None:
+    path = tmp_path / "agent.cdl"
+    before = seed(path)
+    # The worker imports the app, so it opens the store after the fork. One worker: one
+    # process owns a Citadel file.
+    with gunicorn(tmp_path, path, workers=1) as server:
+        answers = send_turns(server, clients=4, turns=10)
+        server.stop()
+
+    for session_id, session_answers in answers.items():
+        assert session_answers == [(200, str(2 * (t + 1))) for t in range(10)], session_id
+    assert "ForkedStoreError" not in "".join(server.log)
+    with CitadelSessionStore(path, KEY) as store:
+        assert store.export("before") == before
+        for session_id in answers:
+            texts = [item["content"] for item in store.export(session_id) if item.get("role") == "user"]
+            assert texts == [f"{session_id.replace('-', ' ')} turn {t}" for t in range(10)]
+        assert store.verify().ok
