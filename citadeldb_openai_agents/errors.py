@@ -76,6 +76,24 @@ class SessionClosedError(CitadelSessionError, RuntimeError):
     """An operation was attempted on a closed session or store."""
 
 
+class ForkedStoreError(CitadelSessionError, RuntimeError):
+    """A store (or a session of it) was used in a process forked from the one that opened it.
+
+    Also raised by opening a store, in such a process, on a file its parent held open
+    when it forked. `path` is the file, `owner_pid` the process that opened it.
+    """
+
+    def __init__(self, message: str, path: str, owner_pid: int) -> None:
+        super().__init__(message)
+        self.path = path
+        self.owner_pid = owner_pid
+
+    def __reduce__(self) -> tuple[type[ForkedStoreError], tuple[str, str, int]]:
+        # multiprocessing pickles a worker's exception back to the parent; the default
+        # (the class called with `args` alone) would fail for want of path and owner_pid.
+        return (type(self), (str(self), self.path, self.owner_pid))
+
+
 class SessionNotFoundError(CitadelSessionError, LookupError):
     """An operator command named a session that holds no live item."""
 

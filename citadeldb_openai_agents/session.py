@@ -143,6 +143,8 @@ class CitadelSession:
             self._store.close()
 
     def _check_open(self) -> None:
+        # First: in a forked child, closed or not, the answer is the fork and its fix.
+        self._store._check_process()
         if self._closed:
             raise SessionClosedError(
                 "this CitadelSession is closed; create a new one to continue."

@@ -76,7 +76,9 @@ class CitadelSessionStore:
             cannot silently start an empty database.
 
     Stores (and `CitadelSession` objects) on the same file in one process share
-    one open database; a different passphrase for an open file is refused.
+    one open database; a different passphrase for an open file is refused. A store
+    belongs to the process that opened it: in a forked child, every call raises
+    `ForkedStoreError` (and `close` only marks it closed).
     """
 
     def __init__(
@@ -165,6 +167,7 @@ class CitadelSessionStore:
         Raises:
             SessionNotFoundError: the file holds nothing under this id.
         """
+        self._check_open()
         erasure = self._on_session(self._state(session_id), SessionLayout.erase)
         if erasure is None:
             raise self._not_found(session_id)
@@ -272,7 +275,15 @@ class CitadelSessionStore:
         )
 
     def close(self) -> None:
-        """Close the store; the file closes when the last store on it does. Idempotent."""
+        """Close the store; the file closes when the last store on it does. Idempotent.
+
+        In a process forked from the one that opened the store, it only marks the store
+        closed: the file belongs to the parent, which keeps using it.
+        """
+        if self._database.forked:
+            # Before `_close_lock`, which another thread of the parent may have held at the fork.
+            self._closed = True
+            return
         with self._close_lock:
             if self._closed:
                 return
@@ -296,7 +307,12 @@ class CitadelSessionStore:
 
     # -- what sessions call (blocking; sessions run these in worker threads) -------
 
+    def _check_process(self) -> None:
+        """Raise `ForkedStoreError` in a process forked from the one that opened the store."""
+        self._database.check_process()
+
     def _check_open(self) -> None:
+        self._check_process()
         if self._closed:
             raise SessionClosedError(
                 f"this CitadelSessionStore ({self.path}) is closed; open a new one to continue."
