@@ -1,13 +1,17 @@
-"""Encrypted, embedded conversation memory for the OpenAI Agents SDK, stored in Citadel."""
+"""Encrypted, embedded conversation memory for the OpenAI Agents SDK, stored in Citadel.
+
+The public API is what this module exports (`__all__`); every other module is private.
+"""
 
 from typing import TYPE_CHECKING, Any
 
-
-from .config import from_config
-from .embedders import Embedder, EmbedderIdentity, LegacyEmbedderAdapter
+from .config import CitadelSettings, from_config
+from .embedders import Embedder, EmbedderIdentity, LegacyEmbedderAdapter, SentenceTransformerEmbedder
 from .errors import (
     BackupExistsError,
     CitadelSessionError,
+    ConfigurationError,
+    ConfigurationWarning,
     CorruptDatabaseError,
     DatabaseLockedError,
     DatabaseNotFoundError,
@@ -21,25 +25,23 @@ from .errors import (
     StorageError,
     WrongPassphraseError,
 )
-from .layout import Erasure
-from .settings import CitadelSettings, ConfigurationError
-from .sentence_embedder import SentenceTransformerEmbedder
-from .results import IntegrityReport, ReembedSummary, SessionIntegrity, SessionSummary
+from .results import Erasure, IntegrityReport, LockHolder, ReembedSummary, SessionIntegrity, SessionSummary
 from .store import CitadelSessionStore, reembed, verify_file
 
 __all__ = [
     "BackupExistsError",
     "CitadelSession",
-    "CitadelSessionStore",
     "CitadelSessionError",
+    "CitadelSessionStore",
     "CitadelSettings",
     "ConfigurationError",
+    "ConfigurationWarning",
     "CorruptDatabaseError",
     "DatabaseLockedError",
     "DatabaseNotFoundError",
     "Embedder",
-    "EmbedderIdentity",
     "EmbedderError",
+    "EmbedderIdentity",
     "EmbedderMismatchError",
     "EmptyPassphraseError",
     "Erasure",
@@ -47,6 +49,7 @@ __all__ = [
     "IntegrityReport",
     "InvalidItemError",
     "LegacyEmbedderAdapter",
+    "LockHolder",
     "ReembedSummary",
     "SentenceTransformerEmbedder",
     "SessionClosedError",

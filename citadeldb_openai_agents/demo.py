@@ -20,7 +20,7 @@ from agents import Agent, Runner, set_tracing_disabled
 from agents.testing import ModelStep, ScriptedModel, assistant_message
 from agents.testing.model import ModelCall
 
-from .items import search_text
+from .storage.codec import search_text
 from .session import CitadelSession
 from .store import CitadelSessionStore
 

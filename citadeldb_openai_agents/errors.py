@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .lock_holder import LockHolder
+    from .results import LockHolder
 
 
 class CitadelSessionError(Exception):

@@ -1,9 +1,34 @@
-"""What the store's operator methods return: summaries, reports and receipts."""
+"""What the store's operator methods return: receipts, summaries and reports."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    """The process holding a file's lock, and its command line shortened (None if unreadable)."""
+
+    pid: int
+    command: str | None = None
+
+    def __str__(self) -> str:
+        return f"PID {self.pid}" if self.command is None else f"PID {self.pid} ({self.command})"
+
+
+@dataclass(frozen=True)
+class Erasure:
+    """What erasing a session removed, with Citadel's evidence that the keys are gone.
+
+    `readback_confirmed` is True when Citadel, asked afterwards for each erased item,
+    reports it ``missing`` (no row, no key).
+    """
+
+    items_erased: int
+    regions_dropped: int
+    algorithm: str
+    readback_confirmed: bool
 
 
 @dataclass(frozen=True)

@@ -1,48 +1,34 @@
-"""CitadelSessionStore: one encrypted Citadel file holding many sessions."""
+"""CitadelSessionStore: one encrypted Citadel file holding many sessions, the package's facade.
+
+It checks what callers give it (options.py), turns items into JSON text and back
+(storage/codec.py), and hands every operation to the file it stands on
+(storage/local.py). Sessions (session.py) call its private methods from worker threads.
+"""
 
 from __future__ import annotations
 
-import logging
-import math
 import os
-import shutil
 import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
-from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any
 
-import citadeldb
-
-from . import database as _database
-from .damage import ATOM_KEYS, check_before_memory, inventory_of
-from .damage import audit as audit_inventory
-from .embedders import EmbedderIdentity, resolve_embedder
-from .errors import (
-    BackupExistsError,
-    CitadelSessionError,
-    DatabaseNotFoundError,
-    EmbedderMismatchError,
-    SessionClosedError,
-    SessionNotFoundError,
-    WrongPassphraseError,
-)
-from .items import decode_item, decode_items, encode_item, is_user_message, search_text
-from .layout import Erasure, SessionLayout, SessionState, reembed_file
-from .results import IntegrityReport, ReembedSummary, SessionIntegrity, SessionSummary
+from .embedders.protocol import EmbedderIdentity
+from .embedders.providers import resolve_embedder
+from .errors import SessionClosedError, SessionNotFoundError
+from .options import Argon2Profile, SyncMode, check_passphrase, check_ttl
+from .results import Erasure, IntegrityReport, ReembedSummary, SessionSummary
+from .storage import local
+from .storage.codec import decode_item, decode_items, encode_item, is_user_message, search_text
+from .storage.local import LocalFile, Progress, database_options
 
 if TYPE_CHECKING:
     # Imported for annotations only: the operator CLI never needs the Agents SDK loaded.
     from agents.memory import SessionSettings
 
     from .session import CitadelSession
-
-T = TypeVar("T")
-_log = logging.getLogger("citadeldb_openai_agents")
-Argon2Profile = Literal["iot", "desktop", "server"]
-SyncMode = Literal["full", "normal", "off"]
 
 
 class CitadelSessionStore:
@@ -95,27 +81,22 @@ class CitadelSessionStore:
         create: bool = True,
     ) -> None:
         try:
-            _database.check_passphrase(key)
-            self._ttl = _check_ttl(ttl)
+            check_passphrase(key)
+            self._ttl = check_ttl(ttl)
             self.session_settings = session_settings
             resolved_embedder = resolve_embedder(embedder)
-            options = _database_options(argon2_profile, sync_mode, cache_size)
+            options = database_options(argon2_profile, sync_mode, cache_size)
             self._closed = False
             self._close_lock = threading.Lock()
-            self._database = _acquire(path, key, options, create=create)
+            self._file = LocalFile(path, key, embedder=resolved_embedder, options=options, create=create)
         finally:
             # Gone from this frame on every path: error trackers record a failed frame's locals.
             del key
-        try:
-            self._layout = _shared_layout(self._database, resolved_embedder)
-        except BaseException:
-            self._database.release()
-            raise
 
     @property
     def path(self) -> str:
         """The resolved path of the database file."""
-        return self._database.path
+        return self._file.path
 
     @property
     def ttl(self) -> float | None:
@@ -125,7 +106,7 @@ class CitadelSessionStore:
     @property
     def embedder_identity(self) -> EmbedderIdentity:
         """The model id, dimension and metric the file's vectors are bound to."""
-        return self._layout.identity
+        return self._file.identity
 
     @property
     def closed(self) -> bool:
@@ -144,18 +125,15 @@ class CitadelSessionStore:
     def session_ids(self) -> list[str]:
         """The ids of the sessions holding at least one live item, sorted."""
         self._check_open()
-        ids = []
-        for state in self._layout.states():
-            if self._on_session(state, SessionLayout.has_live_item):
-                ids.append(state.session_id)
-        return sorted(ids)
+        return self._file.session_ids()
 
-    def purge_expired(self) -> int:
-        """Erase every expired item now (keys destroyed); return how many were erased."""
+    def purge_expired(self, *, progress: Progress | None = None) -> int:
+        """Erase every expired item now (keys destroyed); return how many were erased.
+
+        `progress(done, total)` is called after each session.
+        """
         self._check_open()
-        return sum(
-            self._on_session(state, SessionLayout.purge_expired) for state in self._layout.states()
-        )
+        return self._file.purge_expired(progress)
 
     def erase_session(self, session_id: str) -> Erasure:
         """Erase a session's items (keys destroyed) and return Citadel's evidence.
@@ -168,28 +146,51 @@ class CitadelSessionStore:
             SessionNotFoundError: the file holds nothing under this id.
         """
         self._check_open()
-        erasure = self._on_session(self._state(session_id), SessionLayout.erase)
+        erasure = self._file.erase(session_id)
         if erasure is None:
             raise self._not_found(session_id)
         return erasure
 
+    def erase_sessions(
+        self, session_ids: list[str], *, confirm: Callable[[dict[str, int]], None] | None = None
+    ) -> list[tuple[str, Erasure]]:
+        """Erase several sessions, all or nothing: every id is checked before any is erased.
+
+        Args:
+            session_ids: The sessions to erase (duplicates are erased once).
+            confirm: Called with each id's item count once every id is known to hold
+                items, before anything is erased; raising from it erases nothing.
+
+        Returns each id, in the order given, with its receipt.
+
+        Raises:
+            SessionNotFoundError: an id holds nothing; it names every such id, and
+                nothing was erased.
+        """
+        self._check_open()
+        ids = list(dict.fromkeys(session_ids))
+        # One summary per named id, not `sessions()`: that would count every session in the file.
+        counts = {session_id: self._file.summary(session_id) for session_id in ids}
+        unknown = [session_id for session_id, found in counts.items() if found is None]
+        if unknown:
+            raise SessionNotFoundError(
+                f"no session {', '.join(map(repr, unknown))} with live items in {self.path}; "
+                "nothing was erased. `python -m citadeldb_openai_agents sessions` lists them."
+            )
+        if confirm is not None:
+            confirm({session_id: found[0] for session_id, found in counts.items() if found is not None})
+        return [(session_id, self.erase_session(session_id)) for session_id in ids]
+
     def sessions(self) -> list[SessionSummary]:
         """Every session holding a live item: its id, item count and first and last write."""
         self._check_open()
-        summaries = (self._summary(state) for state in self._layout.states())
-        return sorted((s for s in summaries if s is not None), key=lambda s: s.session_id)
+        return [_summary(found) for found in self._file.summaries()]
 
     def summary(self, session_id: str) -> SessionSummary | None:
         """One session's item count and first and last write; None when it holds no live item."""
         self._check_open()
-        return self._summary(self._state(session_id))
-
-    def _summary(self, state: SessionState) -> SessionSummary | None:
-        found = self._on_session(state, SessionLayout.summary)
-        if found is None:
-            return None
-        count, first, last = found
-        return SessionSummary(state.session_id, count, _from_micros(first), _from_micros(last))
+        found = self._file.summary(session_id)
+        return None if found is None else _summary((session_id, *found))
 
     def export(self, session_id: str) -> list[Any]:
         """A session's items, oldest first, exactly as stored (for a data-access request).
@@ -214,59 +215,33 @@ class CitadelSessionStore:
         del current_key, new_key  # see __init__: only `keys` holds them, and it is emptied
         try:
             self._check_open()
-            _database.check_passphrase(keys[1])
+            check_passphrase(keys[1])
             if keys[1] == keys[0]:
                 raise ValueError("the new passphrase is the current one; choose a different one.")
-            rotated = self._database.on_owner_thread(lambda db: _rotate(db, self.path, *keys))
+            self._file.rotate_key(*keys)
         finally:
             keys.clear()
-        if not rotated:
-            raise WrongPassphraseError(
-                f"the current passphrase given for {self.path} is wrong; nothing was changed."
-            )
 
-    def backup(self, destination: str | os.PathLike[str]) -> list[str]:
+    def backup(self, destination: str | os.PathLike[str], *, progress: Progress | None = None) -> list[str]:
         """Write a consistent copy of the file and its companion files; return their paths.
 
         Refuses a destination that exists (or whose companion files do). Erasures made
         after the backup do not reach it: it keeps its own wrapped keys.
+        `progress(bytes written, bytes to write)` is called as the copy grows.
         """
         self._check_open()
-        target = Path(destination).expanduser().resolve()
-        if not target.parent.is_dir():
-            raise DatabaseNotFoundError(f"cannot back up to {target}: {target.parent} does not exist.")
-        existing = [p for p in _database.database_files(str(target)) if os.path.exists(p)]
-        if existing:
-            raise BackupExistsError(
-                f"refusing to overwrite {', '.join(existing)}: choose a new destination "
-                "(a backup never replaces files)."
-            )
-        with self._database.exclusive():  # the audit log must describe the data it goes with
-            self._database.on_owner_thread(lambda db: _backup_with_audit(db, self.path, str(target)))
-        return [p for p in _database.database_files(str(target)) if os.path.exists(p)]
+        return self._file.backup(destination, progress)
 
-    def verify(self) -> IntegrityReport:
+    def verify(self, *, progress: Progress | None = None) -> IntegrityReport:
         """Check the file: Citadel's page check, the audit log's chain, and every session.
 
         Per session, the items the file's pages hold are compared with those Citadel
         reads back, and each item read gets Citadel's verdict (authentic, tampered, ...).
         `ok` is False when a page, an item or the audit log is damaged or missing.
+        `progress(done, total)` is called after each session.
         """
         self._check_open()
-        report, audit = self._database.on_owner_thread(lambda db: (db.integrity_check(), _audit_chain(db)))
-        verdicts: dict[str, int] = {}
-        sessions = []
-        for state in self._layout.states():
-            expected, readable, found = self._on_session(state, SessionLayout.inspect)
-            if not expected:
-                continue
-            for verdict, count in found.items():
-                verdicts[verdict] = verdicts.get(verdict, 0) + count
-            not_authentic = sum(count for verdict, count in found.items() if verdict != "authentic")
-            cause = ATOM_KEYS if readable < expected else None
-            sessions.append(SessionIntegrity(state.session_id, expected, readable, not_authentic, cause))
-        sessions.sort(key=lambda session: session.session_id or "")
-        return integrity_report(report, audit, verdicts, sessions)
+        return self._file.verify(progress)
 
     def _not_found(self, session_id: str) -> SessionNotFoundError:
         return SessionNotFoundError(
@@ -280,7 +255,7 @@ class CitadelSessionStore:
         In a process forked from the one that opened the store, it only marks the store
         closed: the file belongs to the parent, which keeps using it.
         """
-        if self._database.forked:
+        if self._file.forked:
             # Before `_close_lock`, which another thread of the parent may have held at the fork.
             self._closed = True
             return
@@ -288,7 +263,7 @@ class CitadelSessionStore:
             if self._closed:
                 return
             self._closed = True
-        self._database.release()
+        self._file.release()
 
     def __enter__(self) -> CitadelSessionStore:
         return self
@@ -305,11 +280,9 @@ class CitadelSessionStore:
         state = "closed" if self._closed else "open"
         return f"<CitadelSessionStore {self.path!r} ttl={self._ttl} {state}>"
 
-    # -- what sessions call (blocking; sessions run these in worker threads) -------
-
     def _check_process(self) -> None:
         """Raise `ForkedStoreError` in a process forked from the one that opened the store."""
-        self._database.check_process()
+        self._file.check_process()
 
     def _check_open(self) -> None:
         self._check_process()
@@ -318,16 +291,6 @@ class CitadelSessionStore:
                 f"this CitadelSessionStore ({self.path}) is closed; open a new one to continue."
             )
 
-    def _on_session(
-        self, state: SessionState, operation: Callable[..., T], *args: Any
-    ) -> T:
-        self._check_open()
-        with self._database.operation() as memory, state.lock:
-            return operation(self._layout, memory, state, *args)
-
-    def _state(self, session_id: str) -> SessionState:
-        return self._layout.state(session_id)
-
     def _add_items(self, session_id: str, items: list[Any]) -> None:
         payloads = [encode_item(item, position) for position, item in enumerate(items)]
         texts = [search_text(item) for item in items]
@@ -335,26 +298,26 @@ class CitadelSessionStore:
         expires_at = None
         if self._ttl is not None:
             expires_at = int((time.time() + self._ttl) * 1_000_000)
-        self._on_session(self._state(session_id), SessionLayout.append, payloads, texts, from_user, expires_at)
+        self._file.append(session_id, payloads, texts, from_user, expires_at)
 
     def _get_items(self, session_id: str, limit: int | None) -> list[Any]:
-        state = self._state(session_id)
         if limit is None or limit < 0:
-            payloads = self._on_session(state, SessionLayout.all_items)
+            payloads = self._file.all_items(session_id)
         else:
-            payloads = self._on_session(state, SessionLayout.newest, limit)
+            payloads = self._file.newest(session_id, limit)
         return decode_items(payloads)
 
     def _pop_item(self, session_id: str) -> Any | None:
-        payload = self._on_session(self._state(session_id), SessionLayout.pop)
+        payload = self._file.pop(session_id)
         return None if payload is None else decode_item(payload)
 
     def _clear_session(self, session_id: str) -> None:
-        self._on_session(self._state(session_id), SessionLayout.clear)
+        self._file.clear(session_id)
 
     def _search(self, session_id: str, query: str, limit: int) -> list[Any]:
-        payloads = self._on_session(self._state(session_id), SessionLayout.search, query, limit)
+        payloads = self._file.search(session_id, query, limit)
         return decode_items(payloads)
+
 
 
 def verify_file(path: str | os.PathLike[str], key: str) -> IntegrityReport:
@@ -366,191 +329,30 @@ def verify_file(path: str | os.PathLike[str], key: str) -> IntegrityReport:
     memory engine (which would delete what it cannot read).
     """
     try:
-        return _database.inspect_file(path, key, _inspect)
+        return local.verify_file(path, check_passphrase(key))
     finally:
         del key  # see CitadelSessionStore.__init__
 
 
-def _inspect(db: citadeldb.Database, path: str) -> IntegrityReport:
-    pages, audit = db.integrity_check(), _audit_chain(db)
-    inventory = inventory_of(db, path)
-    verdict = audit_inventory(inventory)
-    maintenance = db.memory_maintenance()
-    verdicts: dict[str, int] = {}
-    sessions = []
-    for count in verdict.sessions:
-        found: dict[str, int] = {}
-        for name in count.segments:
-            region = inventory.regions[name]
-            ids = sorted(set(region.live_rows(inventory.taken_at)) - region.unreadable)
-            for attestation in maintenance.verify(name, ids) if ids and not region.forgotten else []:
-                found[attestation.verdict] = found.get(attestation.verdict, 0) + 1
-        for name, number in found.items():
-            verdicts[name] = verdicts.get(name, 0) + number
-        not_authentic = sum(number for name, number in found.items() if name != "authentic")
-        readable = count.expected - count.unreadable
-        sessions.append(SessionIntegrity(count.session_id, count.expected, readable, not_authentic, count.cause))
-    sessions.sort(key=lambda session: (session.session_id is None, session.session_id or ""))
-    return integrity_report(pages, audit, verdicts, sessions, verdict.file)
-
-
-def integrity_report(
-    pages: dict[str, Any],
-    audit: dict[str, Any],
-    verdicts: dict[str, int],
-    sessions: list[SessionIntegrity],
-    findings: list[str] | None = None,
-) -> IntegrityReport:
-    """Assemble an `IntegrityReport` from Citadel's page check, audit-log check and the sessions'."""
-    bad_items = sum(count for verdict, count in verdicts.items() if verdict != "authentic")
-    findings = findings or []
-    return IntegrityReport(
-        ok=bool(pages["ok"]) and bad_items == 0 and bool(audit["chain_valid"])
-        and all(session.ok for session in sessions) and not findings,
-        pages_checked=int(pages["pages_checked"]),
-        page_errors=[str(error["message"]) for error in pages["errors"]],
-        item_verdicts=verdicts,
-        audit_entries=int(audit["entries_verified"]),
-        audit_break_at=None if audit["chain_valid"] else int(audit["chain_break_at"] or 0),
-        sessions=sessions,
-        findings=findings,
-    )
-
-
 def reembed(
-    path: str | os.PathLike[str], key: str, embedder: Any
+    path: str | os.PathLike[str], key: str, embedder: Any, *, progress: Progress | None = None
 ) -> ReembedSummary:
     """Re-embed a file's stored text with `embedder`, keeping every item.
 
     The fix for `EmbedderMismatchError`: after it, the file opens with `embedder`.
     The file must not be open elsewhere in this process or in another process.
+    `progress(regions done, regions)` is called after each region.
     """
     try:
-        resolved_embedder = resolve_embedder(embedder)
-        database = _acquire(path, key, create=False, refusal="re-embedding never creates one", fix="")
+        return local.reembed(path, check_passphrase(key), resolve_embedder(embedder), progress)
     finally:
         del key  # see CitadelSessionStore.__init__
-    try:
-        with database.setup_lock:
-            if database.layout is not None:
-                raise CitadelSessionError(
-                    f"{database.path} has open stores in this process; close them before re-embedding."
-                )
-            with database.operation() as memory:
-                regions, items = reembed_file(memory, resolved_embedder, database.audit.leftovers)
-    finally:
-        database.release()
-    return ReembedSummary(regions, items, EmbedderIdentity.of(resolved_embedder).model_id)
 
 
-def _acquire(
-    path: str | os.PathLike[str],
-    key: str,
-    options: citadeldb.DatabaseOptions | None = None,
-    *,
-    create: bool,
-    refusal: str = "create=False forbids creating one",
-    fix: str = ", or pass create=True to start a new, empty database",
-) -> _database.OpenDatabase:
-    """`database.acquire`, with the one rule about new files: refused, or logged."""
-    resolved = _database.resolve_path(path)
-    existed = os.path.exists(resolved)
-    try:
-        if not existed and not create:
-            relative = "" if os.path.isabs(os.path.expanduser(path)) else (
-                f" ({os.fspath(path)} is relative, so it resolved against the working directory)"
-            )
-            raise DatabaseNotFoundError(
-                f"there is no database at {resolved}{relative}, and {refusal}. Correct the "
-                f"path{fix}.",
-                creation_refused=True,
-            )
-        database = _database.acquire(resolved, key, options, check_before_memory)
-    finally:
-        del key  # see CitadelSessionStore.__init__
-    if not existed:
-        # Worth a line in the service's log: a new empty file where one was expected is
-        # how a wrong path or working directory shows (the conversations are elsewhere).
-        _log.info("created a new Citadel database at %s", resolved)
-    return database
-
-
-def _shared_layout(database: _database.OpenDatabase, embedder: Any) -> SessionLayout:
-    with database.setup_lock:
-        layout = database.layout
-        if layout is None:
-            with database.operation() as memory:
-                layout = SessionLayout(memory, embedder, database.audit, database.region_rows, database.path)
-            database.layout = layout
-        elif layout.identity != EmbedderIdentity.of(embedder):
-            raise EmbedderMismatchError(
-                f"{database.path} is already open in this process with embedder "
-                f"{layout.identity.model_id!r} (dim {layout.identity.dim}); this store asked for "
-                f"{EmbedderIdentity.of(embedder).model_id!r}. Use one embedder per file."
-            )
-        return layout
-
-
-def _audit_chain(db: citadeldb.Database) -> dict[str, Any]:
-    """Citadel's check of the audit log's HMAC chain; an intact empty chain without a log."""
-    if db.audit_log_path() is None:
-        return {"entries_verified": 0, "chain_valid": True, "chain_break_at": None}
-    return dict(db.verify_audit_log())
-
-
-def _backup_with_audit(db: citadeldb.Database, path: str, target: str) -> None:
-    """`db.backup`, plus a copy of the audit log, which Citadel's backup leaves out.
-
-    The log records erasures and backups; an auditor reading a restored file needs it.
-    A backup opens and appends to its copy like the original (tests/test_operations.py).
-    """
-    db.backup(target)
-    audit = path + _database.AUDIT_SUFFIX
-    if os.path.exists(audit):
-        shutil.copyfile(audit, target + _database.AUDIT_SUFFIX)
-
-
-def _rotate(db: citadeldb.Database, path: str, current_key: str, new_key: str) -> bool:
-    """Change the passphrase and check that only the new one opens the file; False if `current_key` is wrong."""
-    if not db.verify_passphrase(current_key):
-        return False
-    db.change_passphrase(current_key, new_key)
-    if not db.verify_passphrase(new_key) or db.verify_passphrase(current_key):
-        raise CitadelSessionError(
-            f"the passphrase of {path} did not verify after the change; "
-            "restore the file from a backup before using it."
-        )
-    return True
+def _summary(found: tuple[str, int, int, int]) -> SessionSummary:
+    session_id, count, first, last = found
+    return SessionSummary(session_id, count, _from_micros(first), _from_micros(last))
 
 
 def _from_micros(micros: int) -> datetime:
     return datetime.fromtimestamp(micros / 1_000_000, tz=timezone.utc)
-
-
-def _check_ttl(ttl: float | None) -> float | None:
-    if ttl is None:
-        return None
-    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not math.isfinite(ttl) or ttl <= 0:
-        raise ValueError(
-            f"ttl must be a positive number of seconds or None (keep forever), not {ttl!r}"
-        )
-    return float(ttl)
-
-
-# Citadel's own default (under 1,000 pages) does not hold a 1,000-item session's segments,
-# and recall then re-reads and re-decrypts pages on every search (benchmarks/search_quality).
-DEFAULT_CACHE_PAGES = 16_384
-
-
-def _database_options(
-    argon2_profile: Argon2Profile | None, sync_mode: SyncMode | None, cache_size: int | None = None
-) -> citadeldb.DatabaseOptions:
-    if cache_size is None:
-        cache_size = DEFAULT_CACHE_PAGES
-    if argon2_profile not in (None, "iot", "desktop", "server"):
-        raise ValueError(f"argon2_profile must be 'iot', 'desktop' or 'server', not {argon2_profile!r}")
-    if sync_mode not in (None, "full", "normal", "off"):
-        raise ValueError(f"sync_mode must be 'full', 'normal' or 'off', not {sync_mode!r}")
-    if cache_size is not None and (isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size <= 0):
-        raise ValueError(f"cache_size must be a positive number of pages, not {cache_size!r}")
-    return citadeldb.DatabaseOptions(argon2_profile=argon2_profile, sync_mode=sync_mode, cache_size=cache_size)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from citadeldb_openai_agents import CitadelSessionStore
-from citadeldb_openai_agents.database import _MemoryHandle
+from citadeldb_openai_agents.storage.engine import _MemoryHandle
 
 KEY = "correct horse battery staple"
 

@@ -120,7 +120,7 @@ class Citadel:
     def segments_of(self, session_id: str) -> str:
         """The region-name prefix of a session's segments (its salted HMAC, read as the store does)."""
         with CitadelSessionStore(self.path, KEY) as store:
-            return f"coa.s.{store._layout.hid(session_id)}."
+            return f"coa.s.{store._file._layout.hid(session_id)}."
 
     def readable(self) -> int:
         return sum(self.inventory().values())
@@ -275,7 +275,7 @@ def test_an_unreadable_layout_record_is_reported(original) -> None:
 @pytest.fixture
 def fetch_loses_one_atom(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """Citadel's `fetch` silently skips the atoms listed (as it skips one whose key is damaged)."""
-    from citadeldb_openai_agents import database
+    from citadeldb_openai_agents.storage import engine as database
 
     lost: list[int] = []
     original_getattr = database._MemoryHandle.__getattr__
@@ -300,8 +300,8 @@ async def test_a_read_that_comes_back_short_raises(make_store, fetch_loses_one_a
     for start in range(0, 600, 100):  # three segments
         await session.add_items(items("s", 600)[start : start + 100])
     await store.session("other").add_items(items("other", 3))
-    ids = [hit.id for name in store._layout.segment_regions(store._layout.state("s"))
-           for hit in store._database.memory.fetch(name, "item", limit=1000)]
+    ids = [hit.id for name in store._file._layout.segment_regions(store._file._layout.state("s"))
+           for hit in store._file._database.memory.fetch(name, "item", limit=1000)]
     store.close()
     store = make_store()
     session = store.session("s")
@@ -327,8 +327,8 @@ async def test_a_fresh_process_finds_the_newest_items_missing_too(make_store, fe
     """The tail's ids are looked up once per process: that lookup is checked as well."""
     store = make_store()
     await store.session("s").add_items(items("s", 10))
-    tail = store._layout.segment_regions(store._layout.state("s"))[-1]
-    newest = store._database.memory.fetch(tail, "item", limit=100)[-1].id
+    tail = store._file._layout.segment_regions(store._file._layout.state("s"))[-1]
+    newest = store._file._database.memory.fetch(tail, "item", limit=100)[-1].id
     store.close()
     store = make_store()
     fetch_loses_one_atom.append(newest)

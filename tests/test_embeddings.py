@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from citadeldb_openai_agents import CitadelSessionStore, EmbedderMismatchError
-from citadeldb_openai_agents.store import reembed
+from citadeldb_openai_agents import reembed
 from stub_embedders import StubEmbedder
 
 
@@ -54,7 +54,7 @@ def fake_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_batches_prompts_and_cancellation(fake_model: Path) -> None:
-    from citadeldb_openai_agents.sentence_embedder import SentenceTransformerEmbedder
+    from citadeldb_openai_agents import SentenceTransformerEmbedder
 
     embedder = SentenceTransformerEmbedder(fake_model, batch_size=2)
     assert (embedder.dim, embedder.metric) == (4, "cosine")
@@ -72,7 +72,7 @@ def test_batches_prompts_and_cancellation(fake_model: Path) -> None:
 
 
 def test_model_id_binds_the_weights(fake_model: Path) -> None:
-    from citadeldb_openai_agents.sentence_embedder import SentenceTransformerEmbedder
+    from citadeldb_openai_agents import SentenceTransformerEmbedder
 
     before = SentenceTransformerEmbedder(fake_model).model_id
     (fake_model / "model.safetensors").write_bytes(b"weights v2")
@@ -80,7 +80,7 @@ def test_model_id_binds_the_weights(fake_model: Path) -> None:
 
 
 def test_unknown_model_names_the_fix(fake_model: Path) -> None:
-    from citadeldb_openai_agents.sentence_embedder import SentenceTransformerEmbedder
+    from citadeldb_openai_agents import SentenceTransformerEmbedder
 
     with pytest.raises(FileNotFoundError, match="embeddings"):
         SentenceTransformerEmbedder("no-such-model-anywhere")
@@ -139,9 +139,9 @@ async def test_reembed_of_a_file_that_kept_the_question_in_the_keyword_text(make
     store = make_store()
     await store.session("s").add_items([{"role": "user", "content": "where is the spare key?"}])
     # A reply as files written before 2026-11-30 stored it: its keyword text held the question.
-    state = store._layout.state("s")
-    [region] = store._layout.segment_regions(state)
-    store._database.memory.remember_batch(region, [{
+    state = store._file._layout.state("s")
+    [region] = store._file._layout.segment_regions(state)
+    store._file._database.memory.remember_batch(region, [{
         "kind": "item", "text": "where is the spare key?\nUnder the blue pot.",
         "payload": '{"role":"assistant","content":"Under the blue pot."}',
     }])
@@ -154,7 +154,7 @@ async def test_reembed_of_a_file_that_kept_the_question_in_the_keyword_text(make
 
 @pytest.mark.embeddings
 async def test_real_model_finds_an_answer_sharing_no_word(make_store) -> None:
-    from citadeldb_openai_agents.sentence_embedder import SentenceTransformerEmbedder
+    from citadeldb_openai_agents import SentenceTransformerEmbedder
 
     store = make_store(embedder=SentenceTransformerEmbedder())
     session = store.session("ops")
@@ -169,7 +169,7 @@ async def test_real_model_finds_an_answer_sharing_no_word(make_store) -> None:
 
 @pytest.mark.embeddings
 async def test_real_model_after_reembed_finds_a_reply_by_its_question(make_store, db_path: Path, key: str) -> None:
-    from citadeldb_openai_agents.sentence_embedder import SentenceTransformerEmbedder
+    from citadeldb_openai_agents import SentenceTransformerEmbedder
 
     store = make_store()  # written with the default MockEmbedder
     await store.session("s").add_items([

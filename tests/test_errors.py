@@ -179,7 +179,7 @@ async def test_an_embedder_returning_bad_vectors_is_named(make_store, vector: li
 
 
 async def test_reembed_with_a_failing_embedder_keeps_the_file(make_store, db_path: Path, key: str) -> None:
-    from citadeldb_openai_agents.store import reembed
+    from citadeldb_openai_agents import reembed
 
     store = make_store()
     await store.session("s").add_items([{"role": "user", "content": "kept"}])
@@ -199,5 +199,5 @@ async def test_reembed_with_a_failing_embedder_keeps_the_file(make_store, db_pat
 
 def test_reprs_and_messages_never_hold_the_passphrase(store: CitadelSessionStore, key: str, db_path: Path) -> None:
     session = store.session("s")
-    assert key not in repr(store) and key not in repr(session) and key not in repr(store._database)
+    assert key not in repr(store) and key not in repr(session) and key not in repr(store._file._database)
     assert key not in repr(vars(store)) and key not in repr(vars(session))

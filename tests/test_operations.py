@@ -88,7 +88,7 @@ async def test_a_backup_runs_while_no_write_is_under_way(
 ) -> None:
     import time
 
-    import citadeldb_openai_agents.store as store_module
+    from citadeldb_openai_agents.storage import local as storage_module
     from stub_embedders import StubEmbedder
 
     embedder = StubEmbedder()
@@ -101,13 +101,13 @@ async def test_a_backup_runs_while_no_write_is_under_way(
     embedder.embed_with_cancel = slow_embed  # type: ignore[method-assign]
     store = make_store(embedder=embedder)
     in_flight_at_backup = []
-    backup = store_module._backup_with_audit
+    backup = storage_module.backup_with_audit
 
     def watched(db: object, path: str, target: str) -> None:
-        in_flight_at_backup.append(store._database._in_flight)
+        in_flight_at_backup.append(store._file._database._in_flight)
         backup(db, path, target)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(store_module, "_backup_with_audit", watched)
+    monkeypatch.setattr(storage_module, "backup_with_audit", watched)
     session = store.session("busy")
 
     async def writer() -> None:

@@ -557,7 +557,7 @@ def test_a_file_held_by_another_process_explains_who_owns_it(database: Path) -> 
     assert erased.returncode == 1
     assert "one process owns a Citadel file at a time" in erased.stderr
     assert "stop the service that owns the file" in erased.stderr
-    assert "store.erase_session(session_id)" in erased.stderr
+    assert "store.erase_sessions(session_ids)" in erased.stderr
     with CitadelSessionStore(database, PASSPHRASE) as store:
         assert store.export("user-123") == TRANSCRIPT
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from citadeldb_openai_agents import CitadelSessionStore, DatabaseLockedError
-from citadeldb_openai_agents import lock_holder
+from citadeldb_openai_agents.storage import lockholder as lock_holder
 
 from conftest import KEY
 from stub_embedders import StubEmbedder

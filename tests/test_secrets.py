@@ -155,13 +155,13 @@ async def test_success_path_shows_the_passphrase_nowhere(original: Path, tmp_pat
     await session.add_items([{"role": "assistant", "content": "hi"}])
     await own.add_items([{"role": "user", "content": "other"}])
     shown = [
-        store, session, own, store._database, store._layout, await session.get_items(),
+        store, session, own, store._file._database, store._file._layout, await session.get_items(),
         await session.search("hello"), await session.pop_item(), store.session_ids(), store.sessions(),
         store.export("user-1"), store.verify(), store.backup(tmp_path / "backup.cdl"),
         store.erase_session("user-2"), vars(store), vars(session), vars(own),
     ]
     store.rotate_key(PASSPHRASE, NEW)
-    shown += [store, vars(store), store._database]
+    shown += [store, vars(store), store._file._database]
     CitadelSessionStore(tmp_path / "new.cdl", PASSPHRASE, argon2_profile="iot").close()
     assert any(record.name == "citadeldb_openai_agents" for record in every_log_record)  # "created ..."
     own.close()

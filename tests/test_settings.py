@@ -17,7 +17,7 @@ from citadeldb_openai_agents import (
     from_config,
 )
 from citadeldb_openai_agents.config import build_embedder
-from citadeldb_openai_agents.settings import ConfigurationWarning
+from citadeldb_openai_agents import ConfigurationWarning
 
 PASSPHRASE = "correct horse battery staple 7f3a"
 EXAMPLE = Path(__file__).resolve().parent.parent / "config.example.toml"

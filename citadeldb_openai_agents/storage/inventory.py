@@ -13,7 +13,7 @@ So a file is inventoried before `memory()` may delete anything: the rows its pag
 hold (Citadel's atom tables, read with SQL; the pages are encrypted and MAC'd,
 so these rows are authentic) against what Citadel's maintenance API can read.
 Whatever is stored but unreadable is either an erasure of ours that a crash
-interrupted (the layout's records say which) or damage; `damage.audit` decides.
+interrupted (the layout's records say which) or damage; `audit.audit` decides.
 
 The atom tables are Citadel's own: their names and columns are checked here, and
 a citadeldb that changed them is refused rather than left unchecked.

@@ -4,7 +4,7 @@
 and regions a file stores but Citadel cannot read. Our own erasures leave such
 things when a crash interrupts them (Citadel erases a key, then deletes the row
 or region); damage to ``-atomkeys`` or ``-regions`` leaves the same. The catalog
-records (catalog.py) tell them apart: every erasure is announced in the record
+records (records.py) tell them apart: every erasure is announced in the record
 before it starts. Anything unannounced is damage, reported per session before the
 engine runs, so nothing is deleted and a restore from a backup loses nothing.
 """
@@ -15,7 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from .catalog import (
+from .records import (
     CATALOG_KIND,
     CATALOG_REGION,
     META_KIND,
@@ -25,7 +25,7 @@ from .catalog import (
     parse_segment,
     session_hid,
 )
-from .errors import CorruptDatabaseError, StorageError
+from ..errors import CorruptDatabaseError, StorageError
 from .inventory import FileInventory, UnsupportedEngineError, take_inventory
 
 ATOM_KEYS = "their keys in the .citadel-atomkeys file are damaged or missing"

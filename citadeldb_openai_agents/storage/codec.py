@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .errors import InvalidItemError
+from ..errors import InvalidItemError
 
 ITEM_KIND = "item"
 
@@ -99,3 +99,8 @@ def _part_text(part: Any) -> str:
             if isinstance(value, str):
                 return value
     return ""
+
+
+def in_context(question: str, text: str, from_user: bool) -> str:
+    """What an item's vector is computed from: a reply's text after the question it answers."""
+    return f"{question}\n{text}" if question and not from_user else text

@@ -1,4 +1,4 @@
-"""The embedder protocol Citadel expects, checked up front, with an adapter for the older one.
+"""The embedder protocol Citadel expects, the identity that binds vectors to a model, and embedding calls.
 
 Citadel calls ``embed_with_cancel(texts, cancel_token)`` (and, for asymmetric
 models, ``embed_queries_with_cancel``) and reads ``dim``, ``metric`` and
@@ -12,13 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-import citadeldb
-
-from .errors import EmbedderError
-
-DEFAULT_MOCK_DIM = 128
-# How citadeldb 2.7.0 reports an exception raised by the embedder it called.
-CITADEL_EMBEDDER_FAILURE = "embedding backend error: "
+from ..errors import EmbedderError
 
 
 @runtime_checkable
@@ -128,45 +122,3 @@ def embedder_failed(model_id: str | None, detail: str, outcome: str = "nothing w
 def _check_cancelled(cancel_token: Any) -> None:
     if cancel_token is not None:
         cancel_token.check()
-
-
-def default_embedder() -> Embedder:
-    """The embedder used when none is given: Citadel's hashed bag-of-words, no download."""
-    return citadeldb.MockEmbedder(dim=DEFAULT_MOCK_DIM)
-
-
-def resolve_embedder(embedder: Any | None) -> Embedder:
-    """Return an embedder Citadel accepts, adapting the older protocol.
-
-    Raises `TypeError` naming every missing or malformed member.
-    """
-    if embedder is None:
-        return default_embedder()
-    missing = [name for name in ("dim", "metric", "model_id") if not hasattr(embedder, name)]
-    has_cancellable = callable(getattr(embedder, "embed_with_cancel", None))
-    has_legacy = callable(getattr(embedder, "embed", None))
-    if not has_cancellable and not has_legacy:
-        missing.append("embed_with_cancel(texts, cancel_token) (or the older embed(texts))")
-    if missing:
-        raise TypeError(
-            f"{type(embedder).__name__} is not an embedder: it lacks {', '.join(missing)}. "
-            "An embedder needs dim, metric, model_id and embed_with_cancel(texts, cancel_token); "
-            "see citadeldb.MockEmbedder for the protocol."
-        )
-    _check_identity_types(embedder)
-    if has_cancellable:
-        return embedder
-    return LegacyEmbedderAdapter(embedder)
-
-
-def _check_identity_types(embedder: Any) -> None:
-    problems = []
-    dim = embedder.dim
-    if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
-        problems.append(f"dim must be a positive int (got {dim!r})")
-    for name in ("metric", "model_id"):
-        value = getattr(embedder, name)
-        if not isinstance(value, str) or not value:
-            problems.append(f"{name} must be a non-empty str (got {value!r})")
-    if problems:
-        raise TypeError(f"{type(embedder).__name__} is not a valid embedder: {'; '.join(problems)}.")

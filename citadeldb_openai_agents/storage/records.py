@@ -1,6 +1,6 @@
 """The layout's names and records: what each region is called and what its record atoms hold.
 
-A file holds three kinds of region (layout.py says why):
+A file holds three kinds of region (segments.py says why):
 
 * ``coa.meta``: one atom, the layout record: its format, the file's salt and the
   embedder its vectors are bound to;
@@ -10,7 +10,7 @@ A file holds three kinds of region (layout.py says why):
 Format 2 keeps in each catalog record the session's live segments and the erasure
 under way, written before the erasure starts. On open, an atom or region that
 Citadel cannot read is then either one a crash interrupted us erasing (the record
-says so) or damage (damage.py). Format 1 records held only the session id; such
+says so) or damage (audit.py). Format 1 records held only the session id; such
 files are upgraded when opened.
 """
 

@@ -10,22 +10,12 @@ with None.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
+
+from ..results import LockHolder
 
 PROC = Path("/proc")
 _MAX_COMMAND = 60
-
-
-@dataclass(frozen=True)
-class LockHolder:
-    """The process holding a file's lock, and its command line shortened (None if unreadable)."""
-
-    pid: int
-    command: str | None = None
-
-    def __str__(self) -> str:
-        return f"PID {self.pid}" if self.command is None else f"PID {self.pid} ({self.command})"
 
 
 def find_lock_holder(path: str | os.PathLike[str]) -> LockHolder | None:

@@ -1,0 +1,235 @@
+"""The commands: each opens the configured store, calls the one library method it is named
+after, and prints the result (render.py). The rules live in the library, so a script
+gets the same behaviour as the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .. import CitadelSessionStore
+from ..config import (
+    CitadelSettings,
+    check_configuration,
+    configuration_warnings,
+    load_settings,
+    new_passphrase,
+    open_existing_store,
+    reembed_from_config,
+    verify_from_config,
+)
+from . import render
+
+
+class Refused(Exception):
+    """The command itself declines to run (no confirmation, no new passphrase, ...)."""
+
+
+def demo(args: argparse.Namespace) -> int:
+    from .. import demo as scripted  # loads the Agents SDK, which no other command needs
+
+    if args.step:
+        scripted.run_step(args.step, Path(args.file))
+        return 0
+    return scripted.main(args.dir)
+
+
+def check(args: argparse.Namespace) -> int:
+    report = check_configuration(args.config, open_database=not args.no_open)
+    if args.json:
+        render.print_json(report.to_dict())
+    else:
+        render.print_check_report(report)
+    return 0 if report.ok else 1
+
+
+def sessions(args: argparse.Namespace) -> int:
+    with _open(args) as store:
+        summaries = store.sessions()
+        path = store.path
+    if args.json:
+        render.print_json([render.summary_dict(summary) for summary in summaries])
+    else:
+        render.print_sessions(path, summaries)
+    return 0
+
+
+def export(args: argparse.Namespace) -> int:
+    with _open(args) as store:
+        items = store.export(args.session_id)
+    data = render.json_lines(items)
+    if args.out is None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return 0
+    out = Path(args.out).expanduser().absolute()
+    try:
+        # A transcript is personal data: only its owner reads it, and no file is replaced.
+        descriptor = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise Refused(f"refusing to overwrite {out}: choose a new file (an export never replaces one)") from None
+    with open(descriptor, "wb") as file:
+        file.write(data)
+    print(f"exported {render.count(len(items), 'item')} of session {args.session_id!r} to {out}")
+    return 0
+
+
+def erase(args: argparse.Namespace) -> int:
+    with _open(args) as store:
+        path = store.path
+        erased_at = datetime.now(timezone.utc)
+        receipts = store.erase_sessions(args.session_ids, confirm=None if args.yes else _confirmed(path))
+    if args.json:
+        render.print_json([render.receipt_dict(sid, erasure, path, erased_at) for sid, erasure in receipts])
+    else:
+        for session_id, erasure in receipts:
+            render.print_receipt(session_id, erasure, path, erased_at)
+    unconfirmed = [session_id for session_id, erasure in receipts if not erasure.readback_confirmed]
+    if unconfirmed:
+        raise Refused(
+            f"the readback did not confirm the erasure of {', '.join(map(repr, unconfirmed))}: "
+            "the keys were destroyed, but Citadel did not read every item back as missing. "
+            "Keep this receipt and run `python -m citadeldb_openai_agents verify`."
+        )
+    return 0
+
+
+def _confirmed(path: str) -> Callable[[dict[str, int]], None]:
+    def ask(counts: dict[str, int]) -> None:
+        if not sys.stdin.isatty():
+            raise Refused("not erasing without a confirmation: stdin is not a terminal; pass --yes")
+        listed = ", ".join(f"{sid!r} ({render.count(n, 'item')})" for sid, n in counts.items())
+        print(
+            f"Erase {render.count(len(counts), 'session')} from {path}: {listed}?\n"
+            "Their keys are destroyed; this cannot be undone. [y/N] ",
+            end="",
+            file=sys.stderr,
+            flush=True,
+        )
+        try:
+            answer = sys.stdin.readline()
+        except KeyboardInterrupt:
+            answer = ""
+        if answer.strip().lower() not in ("y", "yes"):
+            raise Refused("not confirmed; nothing was erased")
+
+    return ask
+
+
+def purge(args: argparse.Namespace) -> int:
+    with _open(args) as store, render.progress_bar("purging", enabled=True) as progress:
+        erased = store.purge_expired(progress=progress)
+        path, ttl = store.path, store.ttl
+    note = "" if ttl is not None else " (ttl is unset: items written with this configuration never expire)"
+    print(f"erased {render.count(erased, 'expired item')} from {path}{note}")
+    return 0
+
+
+def reembed(args: argparse.Namespace) -> int:
+    with _warnings_printed(), render.progress_bar("re-embedding", enabled=True, unit="region") as progress:
+        summary = reembed_from_config(args.config, progress=progress)
+    print(
+        f"re-embedded {render.count(summary.items, 'item')} in {render.count(summary.regions, 'region')} "
+        f"with {summary.model_id}; every item was kept"
+    )
+    return 0
+
+
+def rotate_key(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    current_key = settings.key.get_secret_value()
+    # Asked before the file is opened: the service stays stopped no longer than needed.
+    new_key, source = _new_passphrase(args)
+    if not new_key:
+        raise Refused(f"the new passphrase (from {source}) is empty; nothing was changed")
+    if new_key == current_key:
+        raise Refused(f"the new passphrase (from {source}) is the current one; nothing was changed")
+    with _open(args, settings) as store:
+        store.rotate_key(current_key, new_key)
+        path = store.path
+    print(f"passphrase changed and verified for {path}: the new one opens it, the old one no longer does.")
+    print(
+        "next: the configuration still gives the old passphrase "
+        f"({settings.provenance('key').origin});\n"
+        "      put the new one there before the service restarts."
+    )
+    print("note: backups made before now open with the old passphrase only.")
+    return 0
+
+
+def _new_passphrase(args: argparse.Namespace) -> tuple[str, str]:
+    """The new passphrase and where it came from: the configuration's sources, else a prompt."""
+    try:
+        with _warnings_printed():
+            given = new_passphrase(args.new_key_file)
+    except ValueError as exc:
+        raise Refused(f"{exc}; nothing was changed") from None
+    if given is not None:
+        return given
+    if not sys.stdin.isatty():
+        raise Refused(
+            "no new passphrase: pass --new-key-file PATH, set CITADEL_NEW_KEY or "
+            "CITADEL_NEW_KEY_FILE, or run on a terminal to be asked for it"
+        )
+    try:
+        new_key = getpass.getpass("New passphrase: ")
+        repeated = getpass.getpass("Repeat the new passphrase: ")
+    except (EOFError, KeyboardInterrupt):
+        raise Refused("no new passphrase given; nothing was changed") from None
+    if new_key != repeated:
+        raise Refused("the two passphrases differ; nothing was changed")
+    return new_key, "the prompt"
+
+
+def backup(args: argparse.Namespace) -> int:
+    with _open(args) as store, render.progress_bar("backing up", enabled=True, unit="B") as progress:
+        written = store.backup(args.dest, progress=progress)
+        path = store.path
+    print(f"backed up {path} to {len(written)} files:")
+    for name in written:
+        print(f"  {name}  ({render.human(os.path.getsize(name))})")
+    print("to restore: stop the service, then copy these files back together under the database's name.")
+    print("The copy opens with the passphrase of now; a later rotate-key does not change it.")
+    return 0
+
+
+def verify(args: argparse.Namespace) -> int:
+    with _warnings_printed(), render.progress_bar("verifying", enabled=not args.json) as progress:
+        path, report = verify_from_config(_settings(args), progress=progress)
+    if args.json:
+        render.print_json({"database": path, **render.integrity_dict(report)})
+    else:
+        render.print_integrity(path, report)
+    return 0 if report.ok else 1
+
+
+# -- opening the store ---------------------------------------------------------------
+
+
+def _settings(args: argparse.Namespace) -> CitadelSettings:
+    with _warnings_printed():
+        return load_settings(args.config)
+
+
+def _open(args: argparse.Namespace, settings: CitadelSettings | None = None) -> CitadelSessionStore:
+    with _warnings_printed():
+        return open_existing_store(settings if settings is not None else load_settings(args.config))
+
+
+@contextmanager
+def _warnings_printed() -> Iterator[None]:
+    """Print the configuration's warnings as ``warning:`` lines, before any error that follows."""
+    messages: list[str] = []
+    try:
+        with configuration_warnings() as messages:
+            yield
+    finally:
+        for message in messages:
+            print(f"warning: {message}", file=sys.stderr)

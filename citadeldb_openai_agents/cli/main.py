@@ -1,0 +1,194 @@
+"""`python -m citadeldb_openai_agents`: the parser, and one way to run every command.
+
+Each subcommand names its function in commands.py (``run``); `main` runs it and turns
+any failure into one readable ``error:`` line (and a hint) with exit 1. Exit 2 is a
+usage error, 0 success.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import textwrap
+from typing import Any
+
+from ..config import CitadelSettings
+from ..errors import CitadelSessionError, ConfigurationError, CorruptDatabaseError, DatabaseLockedError
+from . import commands
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m citadeldb_openai_agents",
+        description="Encrypted Agents SDK sessions in a Citadel file.",
+    )
+    subcommands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    demo = subcommands.add_parser(
+        "demo", help="a scripted conversation that persists across processes, then is erased"
+    )
+    demo.add_argument("--dir", help="keep the demo file in this directory (default: a temporary one)")
+    demo.add_argument("--step", choices=["remember", "ask", "erase"], help=argparse.SUPPRESS)
+    demo.add_argument("--file", help=argparse.SUPPRESS)
+    demo.set_defaults(run=commands.demo)
+    check = subcommands.add_parser(
+        "check",
+        help="validate the configuration and open the database, before a deploy",
+        description="Load the settings exactly as from_config() does, print each value with "
+        "where it came from (the passphrase only as set/unset), and open the database to "
+        "verify the passphrase. Exit 0 when usable, 1 when not (every problem is listed), "
+        "2 for a usage error.",
+        epilog=_variables_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    check.add_argument(
+        "--config",
+        metavar="PATH",
+        help="the TOML file (default: CITADEL_CONFIG, else ./citadel.toml)",
+    )
+    check.add_argument(
+        "--no-open", action="store_true", help="check the settings only; do not open the database"
+    )
+    check.add_argument(
+        "--json", action="store_true", help="print the report as JSON (for CI pipelines)"
+    )
+    check.set_defaults(run=commands.check)
+    _add_operations(subcommands)
+    return parser
+
+def _add_operations(subcommands: Any) -> None:
+    """The operator commands: each a thin shell over the store method named in its help."""
+    config = argparse.ArgumentParser(add_help=False)
+    config.add_argument(
+        "--config",
+        metavar="PATH",
+        help="the TOML file (default: CITADEL_CONFIG, else ./citadel.toml), resolved as check does",
+    )
+    as_json = argparse.ArgumentParser(add_help=False)
+    as_json.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    def add(name: str, summary: str, call: str, details: str, *parents: Any) -> Any:
+        parser = subcommands.add_parser(
+            name, parents=[config, *parents], help=summary,
+            description=f"{summary[0].upper()}{summary[1:]}. {details} Library: {call}.",
+        )
+        parser.set_defaults(library_call=call)
+        return parser
+
+    add(
+        "sessions", "list every session with its item count and first and last write",
+        "store.sessions()", "Times are UTC.", as_json,
+    ).set_defaults(run=commands.sessions)
+
+    export = add(
+        "export", "print a session's items as JSON Lines, verbatim (a data-access request)",
+        "store.export(session_id)",
+        "One item per line, keys in stored order, UTF-8. Exit 1 for an unknown session id.",
+    )
+    export.add_argument("session_id", metavar="SESSION_ID")
+    export.add_argument(
+        "--out", metavar="FILE",
+        help="write to FILE (created with mode 600; an existing file is never overwritten)",
+    )
+    export.set_defaults(run=commands.export)
+
+    erase = add(
+        "erase", "erase sessions cryptographically and print the receipt",
+        "store.erase_sessions(session_ids)",
+        "Every id is checked first: if one is unknown, nothing is erased (exit 1). Asks for "
+        "confirmation on a terminal; without a terminal, --yes is required. Exit 1 when a "
+        "readback does not confirm the erasure.",
+        as_json,
+    )
+    erase.add_argument("session_ids", metavar="SESSION_ID", nargs="+")
+    erase.add_argument("-y", "--yes", action="store_true", help="erase without asking")
+    erase.set_defaults(run=commands.erase)
+
+    add(
+        "purge", "erase every expired item now and print how many",
+        "store.purge_expired()", "Expired items are already invisible; this destroys their keys.",
+    ).set_defaults(run=commands.purge)
+
+    rotate = add(
+        "rotate-key", "change the passphrase; the old one stops opening the file",
+        "store.rotate_key(current_key, new_key)",
+        "The current passphrase comes from the configuration. The new one from "
+        "--new-key-file, else CITADEL_NEW_KEY or CITADEL_NEW_KEY_FILE (not both), else a "
+        "prompt without echo on a terminal. Afterwards, put the new passphrase where the "
+        "configuration reads it.",
+    )
+    rotate.add_argument(
+        "--new-key-file", metavar="PATH", help="a file holding the new passphrase (chmod 600)"
+    )
+    rotate.set_defaults(run=commands.rotate_key)
+
+    backup = add(
+        "backup", "write a consistent copy of the database and its companion files",
+        "store.backup(dest)",
+        "Refuses a destination that exists (or whose companion files do). The copy opens "
+        "with the current passphrase.",
+    )
+    backup.add_argument("dest", metavar="DEST", help="the new database file to write")
+    backup.set_defaults(run=commands.backup)
+
+    add(
+        "reembed", "re-embed the stored text with the configured embedder, keeping every item",
+        "citadeldb_openai_agents.reembed(path, key, embedder)",
+        "The fix when the file's items were embedded with another model than the configured "
+        "one (EmbedderMismatchError). If interrupted, run it again.",
+    ).set_defaults(run=commands.reembed)
+
+    add(
+        "verify", "check every page and item for damage or tampering",
+        "store.verify()", "Exit 0 when intact, 1 when damage or tampering is found.", as_json,
+    ).set_defaults(run=commands.verify)
+
+def _variables_help() -> str:
+    lines = [
+        "environment variables (precedence: arguments, variables, secrets directory, "
+        "TOML file, defaults):"
+    ]
+    for name, meaning in CitadelSettings.environment_variables().items():
+        wrapped = textwrap.wrap(meaning, 68) or [""]
+        lines.append(f"  {name}")
+        lines.extend(f"      {line}" for line in wrapped)
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit code (0 ok, 1 failure, 2 usage)."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "run"):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args.run(args))
+    except ConfigurationError as exc:
+        _error(exc)
+        print("hint: `python -m citadeldb_openai_agents check` shows every setting and its source", file=sys.stderr)
+    except DatabaseLockedError as exc:
+        _error(exc)
+        print(
+            "hint: stop the service that owns the file and retry, or run this inside it "
+            f"through the library: {args.library_call}",
+            file=sys.stderr,
+        )
+    except CorruptDatabaseError as exc:
+        _error(exc)
+        if args.run is commands.verify:
+            print(
+                "verify: FAILED, the damage stops the file from being read; restore the "
+                "file and its companion files from a backup",
+                file=sys.stderr,
+            )
+    except BrokenPipeError:
+        # The reader (`| head`) left; stop quietly instead of failing again at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (commands.Refused, CitadelSessionError, OSError) as exc:
+        _error(exc)
+    return 1
+
+
+def _error(exc: BaseException) -> None:
+    sys.stdout.flush()
+    print(f"error: {exc}", file=sys.stderr)

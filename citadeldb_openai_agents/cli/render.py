@@ -1,0 +1,237 @@
+"""How the commands print: text for people, JSON for scripts, progress on a terminal.
+
+Text goes to stdout, warnings, problems and progress to stderr. Progress bars
+(tqdm) show only when stderr is a terminal and the output is not JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from typing import Any
+
+from ..config import CheckReport
+from ..options import DEFAULT_CACHE_PAGES
+from ..results import Erasure, IntegrityReport, SessionSummary
+
+def print_check_report(report: CheckReport) -> None:
+    print(f"configuration file: {report.config_file or 'none'}")
+    if report.settings:
+        print("settings:")
+        width = max(len(row.name) for row in report.settings)
+        values = [_text(row.name, row.value) for row in report.settings]
+        value_width = min(max(len(value) for value in values), 40)
+        for row, value in zip(report.settings, values):
+            source = str(row.origin)
+            if row.overrides:
+                source += f" (overrides {', '.join(str(origin) for origin in row.overrides)})"
+            print(f"  {row.name:<{width}}  {value:<{value_width}}  {source}")
+    database = report.database
+    if database is not None:
+        print(f"database: {database.path}")
+        if not database.exists:
+            if _value(report, "create"):
+                print("  not created yet (created on first use)")
+            else:
+                print("  does not exist, and create is false (see the problems)")
+        elif database.locked:
+            holder = "" if database.held_by is None else f", {database.held_by}"
+            print(f"  held by another process{holder}: not opened, so the passphrase was not verified")
+        elif database.passphrase_verified:
+            print("  passphrase: verified")
+            print(f"  sessions:   {database.sessions}")
+            print(f"  size:       {database.size_bytes} bytes ({human(database.size_bytes)})")
+        else:
+            print("  not opened (see the problems)")
+    # Keeps the report before the warnings and problems when both streams go to one log.
+    sys.stdout.flush()
+    for warning in report.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if report.ok:
+        opened = " and the database opens" if database is not None and database.exists else ""
+        print(f"OK: the configuration is usable{opened}.")
+        return
+    count = len(report.problems)
+    print(f"not usable, {count} problem{'s' if count > 1 else ''}:", file=sys.stderr)
+    for problem in report.problems:
+        print(f"  - {problem}", file=sys.stderr)
+
+def _value(report: CheckReport, name: str) -> Any:
+    return next(row.value for row in report.settings if row.name == name)
+
+# What an unset setting means, where it is not simply "nothing" (the store decides it).
+_UNSET_MEANS = {"ttl": "keep forever", "cache_size": f"{DEFAULT_CACHE_PAGES} pages"}
+
+def _text(name: str, value: Any) -> str:
+    if value is None:
+        meaning = _UNSET_MEANS.get(name)
+        return f"unset ({meaning})" if meaning else "unset"
+    if isinstance(value, list):
+        return ", ".join(value) if value else "none"
+    if name == "ttl":
+        return f"{value:g} s"
+    if isinstance(value, bool):
+        return str(value).lower()  # as written in the TOML file and the variables
+    return str(value)
+
+def human(size: float) -> str:
+    if size < 1024:
+        return f"{size:.0f} B"
+    for unit in ("KiB", "MiB", "GiB"):
+        size /= 1024
+        if size < 1024 or unit == "GiB":
+            break
+    return f"{size:.1f} {unit}"
+
+def summary_dict(summary: SessionSummary) -> dict[str, Any]:
+    return {
+        "session_id": summary.session_id,
+        "items": summary.items,
+        "first_write": summary.first_write.isoformat(),
+        "last_write": summary.last_write.isoformat(),
+    }
+
+def receipt_dict(session_id: str, erasure: Erasure, path: str, erased_at: datetime) -> dict[str, Any]:
+    return {
+        "session_id": session_id,
+        "database": path,
+        "erased_at": erased_at.isoformat(),
+        "items_erased": erasure.items_erased,
+        "regions_dropped": erasure.regions_dropped,
+        "algorithm": erasure.algorithm,
+        "readback_confirmed": erasure.readback_confirmed,
+    }
+
+def print_receipt(session_id: str, erasure: Erasure, path: str, erased_at: datetime) -> None:
+    readback = (
+        "yes (every erased item reads back as missing)" if erasure.readback_confirmed else "NO"
+    )
+    print(f"erased session {session_id!r} from {path} at {utc(erased_at)} UTC")
+    print(f"  items erased:       {erasure.items_erased}")
+    print(f"  regions dropped:    {erasure.regions_dropped}")
+    print(f"  algorithm:          {erasure.algorithm} (keys destroyed)")
+    print(f"  readback confirmed: {readback}")
+
+def integrity_dict(report: IntegrityReport) -> dict[str, Any]:
+    return {
+        "ok": report.ok,
+        "pages_checked": report.pages_checked,
+        "page_errors": list(report.page_errors),
+        "item_verdicts": dict(report.item_verdicts),
+        "audit_entries": report.audit_entries,
+        "audit_break_at": report.audit_break_at,
+        "findings": list(report.findings),
+        "sessions": [
+            {
+                "session_id": session.session_id,
+                "expected": session.expected,
+                "readable": session.readable,
+                "missing": session.missing,
+                "not_authentic": session.not_authentic,
+                "cause": session.cause,
+            }
+            for session in report.sessions
+        ],
+    }
+
+def print_integrity(path: str, report: IntegrityReport) -> None:
+    print(f"database:      {path}")
+    print(f"pages checked: {report.pages_checked}")
+    print(f"page errors:   {len(report.page_errors) or 'none'}")
+    for error in report.page_errors:
+        print(f"  - {error}")
+    verdicts = ", ".join(f"{count} {verdict}" for verdict, count in sorted(report.item_verdicts.items()))
+    print(f"items:         {verdicts or 'none'}")
+    if report.audit_break_at is None:
+        print(f"audit log:     {count(report.audit_entries, 'entry', 'entries')} verified, chain intact")
+    else:
+        print(f"audit log:     chain broken at entry {report.audit_break_at}; the log was altered")
+    damaged = report.damaged_sessions
+    print(f"sessions:      {len(report.sessions)} checked, {len(damaged) or 'none'} damaged")
+    for session in damaged:
+        who = "an unknown session" if session.session_id is None else repr(session.session_id)
+        print(
+            f"  - {who}: {session.readable} of {session.expected} items readable, "
+            f"{session.missing} missing, {session.not_authentic} not authentic"
+            + (f" ({session.cause})" if session.cause else "")
+        )
+    for finding in report.findings:
+        print(f"  - {finding}")
+    sys.stdout.flush()
+    if report.ok:
+        print("OK: no damage or tampering found.")
+        return
+    bad_items = sum(count for verdict, count in report.item_verdicts.items() if verdict != "authentic")
+    missing = sum(session.missing for session in report.sessions)
+    audit = "" if report.audit_break_at is None else ", the audit log altered"
+    print(
+        f"verify: FAILED ({count(len(report.page_errors), 'page error')}, "
+        f"{count(missing, 'item')} missing, {count(bad_items, 'item')} not authentic{audit}"
+        f"{', ' + count(len(report.findings), 'other finding') if report.findings else ''}). "
+        "Restore the file and its companion files together from a backup.",
+        file=sys.stderr,
+    )
+
+def count(number: int, noun: str, plural: str | None = None) -> str:
+    return f"{number} {noun if number == 1 else plural or noun + 's'}"
+
+def utc(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+def shown_id(session_id: str) -> str:
+    """An id as typed, unless control characters would garble the table."""
+    return session_id if session_id.isprintable() else repr(session_id)
+
+
+def print_sessions(path: str, summaries: list[SessionSummary]) -> None:
+    """The sessions as a table, with totals."""
+    if not summaries:
+        print(f"no sessions in {path}")
+        return
+    rows = [
+        (shown_id(s.session_id), str(s.items), utc(s.first_write), utc(s.last_write))
+        for s in summaries
+    ]
+    header = ("SESSION", "ITEMS", "FIRST WRITE (UTC)", "LAST WRITE (UTC)")
+    width = max(len(row[0]) for row in [header, *rows])
+    items_width = max(len(row[1]) for row in [header, *rows])
+    for row in [header, *rows]:
+        print(f"{row[0]:<{width}}  {row[1]:>{items_width}}  {row[2]:<19}  {row[3]}")
+    total = sum(s.items for s in summaries)
+    print(f"{count(len(summaries), 'session')}, {count(total, 'item')} in {path}")
+
+
+def print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2))
+
+
+def json_lines(items: list[Any]) -> bytes:
+    """Items as JSON Lines, UTF-8 whatever the terminal's locale, keys in stored order."""
+    return "".join(json.dumps(item, ensure_ascii=False) + "\n" for item in items).encode()
+
+
+@contextmanager
+def progress_bar(description: str, *, enabled: bool, unit: str = "session") -> Iterator[Callable[[int, int], None] | None]:
+    """A `progress(done, total)` callback drawing a bar on stderr, or None when not `enabled`.
+
+    Enabled only on a terminal: a log or a pipe gets no control characters.
+    """
+    if not enabled or not sys.stderr.isatty():
+        yield None
+        return
+    from tqdm import tqdm  # loaded only for a bar on a terminal
+
+    bar = tqdm(desc=description, unit=unit, file=sys.stderr, leave=False, dynamic_ncols=True)
+
+    def update(done: int, total: int) -> None:
+        bar.total = total
+        bar.n = done
+        bar.refresh()
+
+    try:
+        yield update
+    finally:
+        bar.close()

@@ -1,0 +1,87 @@
+"""Key files: how a passphrase is read from one.
+
+One trailing newline is stripped (what ``echo`` and editors add) and every other
+character kept, whitespace included: a passphrase may contain any of them.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import warnings
+from pathlib import Path
+
+from ..errors import ConfigurationWarning
+
+def read_key_file(path: str | os.PathLike[str]) -> str:
+    """The passphrase in `path`, one trailing newline stripped.
+
+    Raises `ValueError` naming the path (never the content) when the file is
+    missing, unreadable, not UTF-8 or empty; warns (`ConfigurationWarning`) when
+    group or others can read it.
+    """
+    path = Path(path).expanduser().absolute()
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ValueError(
+            f"the key file {path} does not exist; create it (chmod 600) or correct the path"
+        ) from None
+    except IsADirectoryError:
+        raise ValueError(
+            f"the key file {path} is a directory; point to the file inside it"
+        ) from None
+    except OSError as exc:
+        raise ValueError(
+            f"the key file {path} cannot be read ({exc.strerror}); check its owner and mode"
+        ) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        # The decoder's message quotes a byte of the secret, so it is not repeated.
+        raise ValueError(
+            f"the key file {path} is not UTF-8 text; write the passphrase as text"
+        ) from None
+    passphrase = text[:-2] if text.endswith("\r\n") else text[:-1] if text.endswith("\n") else text
+    if not passphrase:
+        raise ValueError(f"the key file {path} is empty; write the passphrase into it")
+    _warn_if_shared(path)
+    return passphrase
+
+def _warn_if_shared(path: Path) -> None:
+    if os.name != "posix":
+        return
+    mode = path.stat().st_mode
+    if mode & (stat.S_IRGRP | stat.S_IROTH):
+        warnings.warn(
+            f"the key file {path} is readable by group or others (mode {stat.S_IMODE(mode):04o}); "
+            f"restrict it with chmod 600 {path} (a Kubernetes secret volume: defaultMode: 0400)",
+            ConfigurationWarning,
+            stacklevel=2,
+        )
+
+
+NEW_KEY_VARIABLE = "CITADEL_NEW_KEY"
+NEW_KEY_FILE_VARIABLE = "CITADEL_NEW_KEY_FILE"
+
+
+def new_passphrase(new_key_file: str | os.PathLike[str] | None = None) -> tuple[str, str] | None:
+    """The new passphrase for a key rotation, and where it came from; None when none is given.
+
+    From `new_key_file` (``--new-key-file``), else ``CITADEL_NEW_KEY`` or
+    ``CITADEL_NEW_KEY_FILE`` (not both). Raises `ValueError` naming the source (never
+    the value) for an unreadable or empty file, or for both variables set.
+    """
+    if new_key_file is not None:
+        return read_key_file(new_key_file), f"--new-key-file {os.fspath(new_key_file)}"
+    value, file = os.environ.get(NEW_KEY_VARIABLE), os.environ.get(NEW_KEY_FILE_VARIABLE)
+    if value is not None and file is not None:
+        raise ValueError(
+            f"the new passphrase is set twice, by {NEW_KEY_VARIABLE} and by {NEW_KEY_FILE_VARIABLE}; "
+            "unset one of them"
+        )
+    if value is not None:
+        return value, NEW_KEY_VARIABLE
+    if file is not None:
+        return read_key_file(file), f"{NEW_KEY_FILE_VARIABLE} {file}"
+    return None

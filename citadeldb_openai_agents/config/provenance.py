@@ -1,0 +1,185 @@
+"""Where each setting's value came from: the origins, and the state of one settings load.
+
+`LoadState` follows one `CitadelSettings` construction: which TOML file it reads,
+every problem found (all reported at once), the passphrase rule (the highest source
+that names ``key`` or ``key_file`` decides it), and who set each value.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from pydantic_settings import BaseSettings
+
+from ..hints import closest
+from .keyfile import read_key_file
+from .names import CONFIG_VARIABLE, DEFAULT_CONFIG_FILE, nested_model
+
+ARGUMENT = "argument"
+
+ENVIRONMENT = "environment variable"
+
+SECRETS_DIRECTORY = "secrets directory"
+
+KEY_FILE = "key file"
+
+TOML_FILE = "TOML file"
+
+DEFAULT = "default"
+
+_KEY_FIELDS = ("key", "key_file")
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a value came from: a kind of source (`ENVIRONMENT`, ...) and which one."""
+
+    kind: str
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.detail}" if self.detail else self.kind
+
+@dataclass(frozen=True)
+class Provenance:
+    """The source a setting's value came from, and the lower-precedence ones it overrode."""
+
+    origin: Origin
+    overrides: tuple[Origin, ...] = ()
+
+class LoadState:
+    """One `CitadelSettings` construction: the TOML file, the problems, and who set what."""
+
+    def __init__(self, config_file: str | os.PathLike[str] | None, settings_cls: type[BaseSettings]) -> None:
+        self.settings_cls = settings_cls
+        self.problems: list[str] = []
+        self.origins: dict[str, Origin] = {}
+        self.overridden: dict[str, list[Origin]] = {}
+        # The origin of whichever source decided the passphrase (key or key_file).
+        self.passphrase_origin: Origin | None = None
+        # Set while a source's values carry a passphrase just read from a key file.
+        self._key_file_origin: Origin | None = None
+        # The TOML file named is missing or could not be parsed: what it would have set is
+        # missing for that reason alone, and saying so again would bury the real problem.
+        self.toml_unreadable = False
+        self.config_file = self._choose_config_file(config_file)
+
+    def _choose_config_file(self, explicit: str | os.PathLike[str] | None) -> Path | None:
+        if explicit is not None:
+            named, via = Path(explicit).expanduser(), "the config argument"
+        elif os.environ.get(CONFIG_VARIABLE):
+            named, via = Path(os.environ[CONFIG_VARIABLE]).expanduser(), CONFIG_VARIABLE
+        else:
+            default = Path(DEFAULT_CONFIG_FILE)
+            return default.absolute() if default.is_file() else None
+        if not named.is_file():
+            state = "is not a file" if named.exists() else "does not exist"
+            self.problems.append(
+                f"the configuration file {named} (from {via}) {state}; "
+                "correct the path or create the file (see config.example.toml)"
+            )
+            self.toml_unreadable = True
+            return None
+        return named.absolute()
+
+    def record(self, values: Mapping[str, Any], origin: Callable[[str], Origin]) -> None:
+        """Note who set each value; the first (highest) source to set a value wins."""
+        key_file_origin, self._key_file_origin = self._key_file_origin, None
+        for name in leaves(values, self.settings_cls):
+            found = key_file_origin if name == "key" and key_file_origin else origin(name)
+            if name in self.origins:
+                self.overridden.setdefault(name, []).append(found)
+            else:
+                self.origins[name] = found
+
+    def take_passphrase(
+        self, values: dict[str, Any], origin: Callable[[str], Origin]
+    ) -> dict[str, Any]:
+        """Apply the passphrase rule to one source's values: the highest source to name it wins."""
+        given = [name for name in _KEY_FIELDS if values.get(name) is not None]
+        if not given:
+            return values
+        if self.passphrase_origin is not None:
+            self.overridden.setdefault("key", []).append(origin(given[0]))
+            return {name: value for name, value in values.items() if name not in _KEY_FIELDS}
+        self.passphrase_origin = origin(given[0])
+        if len(given) == 2:
+            self.problems.append(
+                f"the passphrase is set twice, by {origin('key')} and by {origin('key_file')}; "
+                "keep only one (a *_FILE variable names a file holding the value)"
+            )
+            return {name: value for name, value in values.items() if name not in _KEY_FIELDS}
+        if given == ["key_file"]:
+            return self._read_key_file(values, origin("key_file"))
+        return values
+
+    def _read_key_file(self, values: dict[str, Any], named_by: Origin) -> dict[str, Any]:
+        path = values["key_file"]
+        if not isinstance(path, (str, os.PathLike)):
+            return values  # the field's type check reports it
+        try:
+            passphrase = read_key_file(path)
+        except ValueError as exc:
+            self.problems.append(f"{exc} (key_file from {named_by})")
+            return values
+        self._key_file_origin = Origin(KEY_FILE, str(Path(path).expanduser().absolute()))
+        return {**values, "key": passphrase}
+
+    def describe(self, error: ValidationError) -> list[str]:
+        """Pydantic's errors as problems naming the setting, its source and the fix."""
+        problems = []
+        for item in error.errors():
+            loc = [str(part) for part in item["loc"]]
+            name = ".".join(loc[:2])
+            origin = self.origins.get(name)
+            where = f" (from {origin})" if origin else ""
+            if item["type"] == "missing" and self.toml_unreadable:
+                continue
+            if item["type"] == "missing" and name == "key":
+                if self.passphrase_origin is None:
+                    problems.append(
+                        "no passphrase is configured; set CITADEL_KEY_FILE (a file holding it), "
+                        "CITADEL_KEY, key_file in the TOML file, or a citadel_key file in the "
+                        "secrets directory"
+                    )
+                continue
+            if item["type"] == "extra_forbidden":
+                model: type[BaseModel] = self.settings_cls
+                if len(loc) > 1:
+                    model = nested_model(model.model_fields[loc[0]]) or model
+                hint = closest(loc[-1], list(model.model_fields))
+                problems.append(f"unknown setting {name!r}{where}.{hint}")
+                continue
+            message = item["msg"].removeprefix("Value error, ")
+            # Never echo what was given for the passphrase or free-form factory options.
+            shown = name not in ("key", "embedder.options") and "input" in item
+            got = f" (got {item['input']!r})" if shown and item["type"] != "value_error" else ""
+            problems.append(f"{name}{where}: {message}{got}")
+        return problems
+
+    def provenance(self) -> dict[str, Provenance]:
+        return {
+            name: Provenance(origin, tuple(self.overridden.get(name, ())))
+            for name, origin in self.origins.items()
+        }
+
+# The load under way in this context: sources are built by pydantic-settings, which knows nothing of it.
+current_load: ContextVar[LoadState | None] = ContextVar("citadel_settings_loading", default=None)
+
+def leaves(values: Mapping[str, Any], settings_cls: type[BaseSettings]) -> Iterator[str]:
+    """The dotted names of the settings `values` sets (``embedder.dim`` for a nested one)."""
+    for name, value in values.items():
+        info = settings_cls.model_fields.get(name)
+        if info is not None and nested_model(info) is not None:
+            if isinstance(value, BaseModel):
+                value = value.model_dump(exclude_unset=True)
+            if isinstance(value, Mapping):
+                yield from (f"{name}.{sub}" for sub in value)
+                continue
+        yield name

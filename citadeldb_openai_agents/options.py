@@ -1,0 +1,101 @@
+"""The store's options, each defined once: the settings, the store and the CLI all use these.
+
+A duration (the TTL), the key-derivation profile, the durability mode, the page
+cache and the passphrase rules: what each accepts, its default, and the message
+when a value is wrong.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Literal, get_args
+
+from .errors import EmptyPassphraseError
+
+Argon2Profile = Literal["iot", "desktop", "server"]
+SyncMode = Literal["full", "normal", "off"]
+ARGON2_PROFILES: tuple[str, ...] = get_args(Argon2Profile)
+SYNC_MODES: tuple[str, ...] = get_args(SyncMode)
+
+# Citadel's own default (under 1,000 pages of ~8 KiB) does not hold a 1,000-item session's
+# segments, and recall then re-reads and re-decrypts pages on every search
+# (benchmarks/search_quality). 16,384 pages: at most ~128 MiB, filled only as pages are read.
+DEFAULT_CACHE_PAGES = 16_384
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)\s*$", re.IGNORECASE)
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def check_ttl(seconds: Any) -> float | None:
+    """A TTL as the store takes it: a positive, finite number of seconds, or None (keep forever)."""
+    if seconds is None:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"ttl must be a positive number of seconds or None (keep forever), not {seconds!r}")
+    return float(seconds)
+
+
+def parse_duration(value: Any) -> float | None:
+    """A TTL as the settings take it: `check_ttl`'s seconds, or a duration such as ``90s``,
+    ``15m``, ``24h``, ``7d``.
+
+    None stays None (keep forever). Raises `ValueError` for anything else, or a
+    duration that is not positive.
+    """
+    if value is None:
+        return None
+    seconds: float | None = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str):
+        match = _DURATION.match(value)
+        if match:
+            seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2).lower()]
+    try:
+        if seconds is None:
+            raise ValueError(value)
+        return check_ttl(seconds)
+    except ValueError:
+        raise ValueError(
+            f"{value!r} is not a positive duration; give seconds (3600) or a number with a unit "
+            "s, m, h or d (90s, 15m, 24h, 7d), or leave ttl unset to keep items forever"
+        ) from None
+
+
+def check_argon2_profile(profile: Any) -> Argon2Profile | None:
+    """The key-derivation profile for a new file, or None for Citadel's default."""
+    if profile is not None and profile not in ARGON2_PROFILES:
+        raise ValueError(f"argon2_profile must be one of {', '.join(ARGON2_PROFILES)}, not {profile!r}")
+    return profile  # type: ignore[no-any-return]
+
+
+def check_sync_mode(mode: Any) -> SyncMode | None:
+    """The durability for a new file, or None for Citadel's default ("full")."""
+    if mode is not None and mode not in SYNC_MODES:
+        raise ValueError(f"sync_mode must be one of {', '.join(SYNC_MODES)}, not {mode!r}")
+    return mode  # type: ignore[no-any-return]
+
+
+def check_cache_size(pages: Any) -> int:
+    """Citadel's page cache in pages; None means `DEFAULT_CACHE_PAGES`."""
+    if pages is None:
+        return DEFAULT_CACHE_PAGES
+    if isinstance(pages, bool) or not isinstance(pages, int) or pages <= 0:
+        raise ValueError(f"cache_size must be a positive number of pages, not {pages!r}")
+    return pages
+
+
+def check_passphrase(key: Any) -> str:
+    """Refuse a missing or empty passphrase before anything touches the disk.
+
+    Citadel accepts an empty one and would encrypt the file with it.
+    """
+    if key is None or (isinstance(key, str) and not key):
+        raise EmptyPassphraseError(
+            "the passphrase is empty: Citadel would encrypt the file with an empty key. "
+            "Pass key=... (in deployments, set CITADEL_KEY or CITADEL_KEY_FILE)."
+        )
+    if not isinstance(key, str):
+        raise TypeError(f"the passphrase must be a str, not {type(key).__name__}")
+    return key

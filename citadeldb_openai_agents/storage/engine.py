@@ -1,0 +1,383 @@
+"""The open file and its owner thread: the one place that calls citadeldb's `Database`.
+
+citadeldb pins a `Database` to the thread that opened it, and one process owns a
+file. So each file is opened once, on a dedicated owner thread that also runs
+every file-level call (close, verify_passphrase, backup, integrity check);
+the `Memory` handle it hands out works from any thread and releases the GIL,
+so session reads and writes run in worker threads in parallel.
+
+Between `connect` and `Database.memory()`, which deletes the rows of atoms it cannot
+read, the file is audited (audit.py): its one chance to be checked before anything is
+changed. Every entry point first checks that it runs in the process that opened the
+file (`ForkedStoreError` otherwise): a forked child inherits the open file but not its
+owner thread, and citadeldb detects no fork (registry.py keeps the child from ever
+dropping what it inherited).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import os
+import queue
+import shutil
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import citadeldb
+
+from ..errors import CitadelSessionError, DatabaseNotFoundError, ForkedStoreError, SessionClosedError, WrongPassphraseError
+from ..options import Argon2Profile, SyncMode, check_argon2_profile, check_cache_size, check_sync_mode
+from . import inventory
+from .files import AUDIT_SUFFIX, COMPANION_SUFFIXES
+from .process import current_pid
+from .translate import companions_missing, translate_open_error, translate_storage_error
+
+T = TypeVar("T")
+
+# Runs on the owner thread between `connect` and `Database.memory()`.
+BeforeMemory = Callable[[citadeldb.Database, str], Any]
+
+FORK_ADVICE = (
+    "Open the store in each process after the fork, not in the parent before it: with "
+    "gunicorn, run without --preload, or open it in a post_fork hook or on the first "
+    "request; with uvicorn, open it in the app's lifespan; with multiprocessing, use the "
+    "\"spawn\" start method. One process owns a Citadel file at a time."
+)
+
+
+def database_options(
+    argon2_profile: Argon2Profile | None, sync_mode: SyncMode | None, cache_size: int | None
+) -> citadeldb.DatabaseOptions:
+    """Citadel's options for opening (the profile and sync mode apply to a new file only)."""
+    return citadeldb.DatabaseOptions(
+        argon2_profile=check_argon2_profile(argon2_profile),
+        sync_mode=check_sync_mode(sync_mode),
+        cache_size=check_cache_size(cache_size),
+    )
+
+
+class OpenDatabase:
+    """A Citadel file held open by this process: its owner thread and `Memory` handle."""
+
+    def __init__(
+        self,
+        path: str,
+        key: str,
+        options: citadeldb.DatabaseOptions | None = None,
+        before_memory: BeforeMemory | None = None,
+    ) -> None:
+        # The owner thread takes the passphrase out of `secret` and forgets it once the
+        # file is open; neither this frame nor the thread object keeps it (see `acquire`).
+        secret = [key]
+        del key
+        try:
+            self._start(path, secret, options, before_memory)
+        finally:
+            secret.clear()
+
+    def _start(
+        self,
+        path: str,
+        secret: list[str],
+        options: citadeldb.DatabaseOptions | None,
+        before_memory: BeforeMemory | None,
+    ) -> None:
+        self.path = path
+        self.owner_pid = current_pid()
+        self.references = 0
+        self.audit: Any = None
+        # The session layout shared by every store on this file (set by the first store).
+        self.layout: Any = None
+        self.setup_lock = threading.Lock()
+        self._calls: queue.SimpleQueue[tuple[Callable[[Any], Any], Future[Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._closed = False
+        self._in_flight = 0
+        self._paused = False  # set by `exclusive`
+        self._idle = threading.Condition()
+        directory = os.path.dirname(path) or "."
+        if not os.path.isdir(directory):
+            raise DatabaseNotFoundError(
+                f"cannot create {path}: the directory {directory} does not exist. "
+                "Create it first (mkdir -p) or choose another path."
+            )
+        opened: Future[tuple[citadeldb.Database, Any]] = Future()
+        self._thread = threading.Thread(
+            target=self._own, args=(secret, options, before_memory, opened),
+            name=f"citadel-owner:{os.path.basename(path)}", daemon=True,
+        )
+        self._thread.start()
+        self._db, self.memory = opened.result()
+
+    def _own(
+        self,
+        secret: list[str],
+        options: citadeldb.DatabaseOptions | None,
+        before_memory: BeforeMemory | None,
+        opened: Future[Any],
+    ) -> None:
+        key = secret.pop()
+        try:
+            db = citadeldb.connect(self.path, key=key, region_keys=True, options=options)
+        except BaseException as exc:  # handed to the opener, re-raised there
+            opened.set_exception(translate_open_error(exc, self.path))
+            return
+        finally:
+            del key
+        try:
+            refuse_lost_key_files(db, self.path)
+            if before_memory is not None:
+                self.audit = before_memory(db, self.path)
+            # Opening the memory engine reads pages: a damaged file can fail here, after
+            # connect succeeded. The opener must get the error, and the file its lock back.
+            memory = _MemoryHandle(db.memory(), self.path)
+        except BaseException as exc:
+            db.close()
+            opened.set_exception(translate_open_error(exc, self.path))
+            return
+        opened.set_result((db, memory))
+        while True:
+            call = self._calls.get()
+            if call is None:
+                return
+            function, result = call
+            try:
+                result.set_result(function(db))
+            except BaseException as exc:
+                result.set_exception(exc)
+
+    @property
+    def forked(self) -> bool:
+        """True in a process forked from the one that opened the file."""
+        return self.owner_pid != current_pid()
+
+    def check_process(self) -> None:
+        """Raise `ForkedStoreError` unless this is the process that opened the file.
+
+        Entry points call it before anything else: in a forked child the owner thread
+        is gone (a call handed to it would wait forever), another thread may have held
+        any of our locks at the fork, and Citadel's inherited handle damages the file.
+        """
+        if self.forked:
+            raise self.forked_error()
+
+    def forked_error(self, *, opening: bool = False) -> ForkedStoreError:
+        """The error for a use of this file in a forked process (or a new open there)."""
+        if opening:
+            cause = (
+                f"cannot open {self.path} in process {current_pid()}: process {self.owner_pid} held it "
+                "open when this process was forked from it, and that parent still holds the "
+                "file; opening it here would use the forked copy of the parent's open file"
+            )
+        else:
+            cause = (
+                f"{self.path} was opened by process {self.owner_pid}, and this is process "
+                f"{current_pid()}, a fork of it"
+            )
+        return ForkedStoreError(
+            f"{cause}. A forked copy of an open Citadel file cannot be used: its writes "
+            f"would damage the file. {FORK_ADVICE}",
+            self.path,
+            self.owner_pid,
+        )
+
+    def on_owner_thread(self, function: Callable[[citadeldb.Database], T]) -> T:
+        """Run a file-level call on the thread that owns the `Database`."""
+        self.check_process()
+        if self._closed:
+            raise SessionClosedError(f"{self.path} is closed")
+        result: Future[T] = Future()
+        self._calls.put((function, result))
+        try:
+            return result.result()
+        except citadeldb.CitadelError as exc:
+            raise translate_storage_error(exc, self.path) from exc
+
+    def region_rows(self, names: list[str]) -> dict[str, dict[int, int | None]]:
+        """The rows the file's pages hold for these regions (atom id -> expiry in µs, or None)."""
+        return self.on_owner_thread(lambda db: inventory.region_rows(db, names))
+
+    @contextmanager
+    def operation(self) -> Iterator[citadeldb.memory.Memory]:
+        """Hold the file open for one memory operation; `close` waits for it to finish."""
+        self.check_process()
+        with self._idle:
+            while self._paused and not self._closed:
+                self._idle.wait()
+            if self._closed:
+                raise SessionClosedError(f"the store for {self.path} is closed")
+            self._in_flight += 1
+        try:
+            yield self.memory
+        except citadeldb.CitadelError as exc:
+            translated = translate_storage_error(exc, self.path)
+            if translated is exc:
+                raise
+            try:
+                raise translated from exc
+            finally:
+                # Else this frame and the error hold each other (and, through the
+                # traceback, `memory`): the file would stay locked until a gc pass.
+                del translated
+        finally:
+            with self._idle:
+                self._in_flight -= 1
+                self._idle.notify_all()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Run no memory operation while this is held; wait for those under way first.
+
+        For file-level work that must see the file still (a backup and its audit log).
+        """
+        self.check_process()
+        with self._idle:
+            while self._paused:
+                self._idle.wait()
+            self._paused = True
+            while self._in_flight:
+                self._idle.wait()
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._paused = False
+                self._idle.notify_all()
+
+    def check_same_passphrase(self, key: str) -> None:
+        keys = [key]
+        del key  # see `acquire`
+        try:
+            same = self.on_owner_thread(lambda db: db.verify_passphrase(keys[0]))
+        finally:
+            keys.clear()
+        if not same:
+            raise WrongPassphraseError(
+                f"{self.path} is already open in this process with a different passphrase. "
+                "Use the same passphrase for every store and session on one file "
+                "(or a separate file per passphrase)."
+            )
+
+    def close(self) -> None:
+        """Close the file once the operations under way have finished; free its lock."""
+        with self._idle:
+            self._closed = True
+            while self._in_flight:
+                self._idle.wait()
+        self._close_file()
+
+    def _close_file(self) -> None:
+        result: Future[None] = Future()
+        self._calls.put((lambda db: db.close(), result))
+        self._calls.put(None)
+        try:
+            result.result()
+        finally:
+            self._thread.join()
+            # Citadel keeps the file lock until every Memory object is collected too.
+            self.memory.release()
+            self.memory = None  # type: ignore[assignment]
+            self._db = None  # type: ignore[assignment]
+            gc.collect()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def keep_citadel_objects_forever(self) -> None:
+        """Make sure this process never drops its `Database` and `Memory` of the file.
+
+        For a forked child: dropping the last reference to either runs Citadel's close,
+        which appends to the file's audit log (measured: in the parent's file, that broke
+        the log's HMAC chain), and interpreter shutdown drops whatever module globals
+        hold. A reference count of our own, never given back, keeps them until the
+        process ends; the memory they hold is the parent's pages, shared copy-on-write.
+        """
+        memory = self.memory._memory if self.memory is not None else None
+        for handle in (self._db, memory):
+            if handle is not None:
+                ctypes.pythonapi.Py_IncRef(ctypes.py_object(handle))
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<OpenDatabase {self.path!r} {state}>"
+
+
+class _MemoryHandle:
+    """The file's `Memory`, handed to every operation in its place.
+
+    Citadel keeps a file locked until every `Memory` object of it is collected, and
+    an error's traceback keeps the frames of the failed operation (with their
+    ``memory`` argument) alive as long as the error lives, often in a reference
+    cycle only a gc pass frees. Operations hold this handle instead, so closing
+    the file drops the one real reference whatever errors are still around: the
+    lock is released at once, and a reopen in this process reads the file afresh.
+    """
+
+    __slots__ = ("_memory", "_path")
+
+    def __init__(self, memory: citadeldb.memory.Memory, path: str) -> None:
+        self._memory: citadeldb.memory.Memory | None = memory
+        self._path = path
+
+    def __getattr__(self, name: str) -> Any:
+        if self._memory is None:
+            raise SessionClosedError(f"{self._path} is closed")
+        return getattr(self._memory, name)
+
+    def release(self) -> None:
+        self._memory = None
+
+
+def refuse_lost_key_files(db: citadeldb.Database, path: str) -> None:
+    """Refuse a file whose regions exist but whose ``-regions`` or ``-atomkeys`` key file is gone.
+
+    Measured on citadeldb 2.7.0: `Database.memory()` then treats every region (or
+    atom) as erased and rewrites the file, so restoring the lost file afterwards no
+    longer brings the data back. A fresh file has no regions yet (and no key files),
+    which is why the tables are asked first.
+    """
+    missing = [path + suffix for suffix in COMPANION_SUFFIXES[1:] if not os.path.exists(path + suffix)]
+    if not missing:
+        return
+    tables = set(db.tables())
+    if inventory.REGION_TABLE not in tables:  # the memory engine never ran on this file
+        return
+    regions = db.query(f"SELECT count(*) FROM {inventory.REGION_TABLE}").rows[0][0]
+    if regions:
+        raise companions_missing(path, missing)
+
+
+def audit_chain(db: citadeldb.Database) -> dict[str, Any]:
+    """Citadel's check of the audit log's HMAC chain; an intact empty chain without a log."""
+    if db.audit_log_path() is None:
+        return {"entries_verified": 0, "chain_valid": True, "chain_break_at": None}
+    return dict(db.verify_audit_log())
+
+def backup_with_audit(db: citadeldb.Database, path: str, target: str) -> None:
+    """`db.backup`, plus a copy of the audit log, which Citadel's backup leaves out.
+
+    The log records erasures and backups; an auditor reading a restored file needs it.
+    A backup opens and appends to its copy like the original (tests/test_operations.py).
+    """
+    db.backup(target)
+    audit = path + AUDIT_SUFFIX
+    if os.path.exists(audit):
+        shutil.copyfile(audit, target + AUDIT_SUFFIX)
+
+def rotate(db: citadeldb.Database, path: str, current_key: str, new_key: str) -> bool:
+    """Change the passphrase and check that only the new one opens the file; False if `current_key` is wrong."""
+    if not db.verify_passphrase(current_key):
+        return False
+    db.change_passphrase(current_key, new_key)
+    if not db.verify_passphrase(new_key) or db.verify_passphrase(current_key):
+        raise CitadelSessionError(
+            f"the passphrase of {path} did not verify after the change; "
+            "restore the file from a backup before using it."
+        )
+    return True

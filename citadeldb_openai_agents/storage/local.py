@@ -1,0 +1,357 @@
+"""A file held open by this process, with every operation the store offers on it.
+
+`LocalFile` is what `CitadelSessionStore` stands on: it joins the process's open
+file (registry.py), builds or shares its session layout (segments.py), and runs
+each session operation (reads.py, writes.py) in the calling thread, under the
+session's lock, with the file's `Memory`. Items cross this boundary as JSON text
+(codec.py), ready for another process too.
+
+Also here: the two things done to a file that is not open for use, `verify_file`
+(a damaged file, inspected without changing it) and `reembed`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import citadeldb
+
+from ..embedders.protocol import Embedder, EmbedderIdentity
+from ..errors import (
+    BackupExistsError,
+    CitadelSessionError,
+    DatabaseNotFoundError,
+    EmbedderMismatchError,
+    WrongPassphraseError,
+)
+from ..results import Erasure, IntegrityReport, ReembedSummary, SessionIntegrity
+from . import reads, registry, writes
+from .audit import ATOM_KEYS, audit, check_before_memory, inventory_of
+from .engine import OpenDatabase, audit_chain, backup_with_audit, database_options, rotate
+from .files import database_files, database_size, resolve_path
+from .reembed import reembed_file
+from .segments import SessionLayout, SessionState
+
+T = TypeVar("T")
+Progress = Callable[[int, int], None]  # (done, total)
+_log = logging.getLogger("citadeldb_openai_agents")
+
+
+class LocalFile:
+    """One file open in this process, and its sessions.
+
+    Args:
+        path: The database file; a relative path resolves against the working directory.
+        key: The passphrase, forgotten once the file is open.
+        embedder: The embedder the file's vectors are bound to.
+        options: ``argon2_profile``, ``sync_mode`` and ``cache_size`` (options.py).
+        create: False refuses to create a missing file (`DatabaseNotFoundError`).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        key: str,
+        *,
+        embedder: Embedder,
+        options: citadeldb.DatabaseOptions,
+        create: bool,
+        refusal: str = "create=False forbids creating one",
+        fix: str = ", or pass create=True to start a new, empty database",
+    ) -> None:
+        try:
+            self._database = _acquire(path, key, options, create=create, refusal=refusal, fix=fix)
+        finally:
+            del key  # error trackers record a failed frame's locals
+        try:
+            self._layout = _shared_layout(self._database, embedder)
+        except BaseException:
+            registry.release(self._database)
+            raise
+
+    @property
+    def path(self) -> str:
+        return self._database.path
+
+    @property
+    def identity(self) -> EmbedderIdentity:
+        return self._layout.identity
+
+    @property
+    def forked(self) -> bool:
+        """True in a process forked from the one that opened the file."""
+        return self._database.forked
+
+    def check_process(self) -> None:
+        """Raise `ForkedStoreError` in a process forked from the one that opened the file."""
+        self._database.check_process()
+
+    def release(self) -> None:
+        """This store's share of the file is given back; the last one closes it."""
+        registry.release(self._database)
+
+    # -- one session ------------------------------------------------------------------
+
+    def append(
+        self, session_id: str, payloads: list[str], texts: list[str], from_user: list[bool], expires_at: int | None
+    ) -> None:
+        self._on(session_id, writes.append, payloads, texts, from_user, expires_at)
+
+    def newest(self, session_id: str, limit: int) -> list[str]:
+        return self._on(session_id, reads.newest, limit)
+
+    def all_items(self, session_id: str) -> list[str]:
+        return self._on(session_id, reads.all_items)
+
+    def pop(self, session_id: str) -> str | None:
+        return self._on(session_id, writes.pop)
+
+    def clear(self, session_id: str) -> None:
+        self._on(session_id, writes.clear)
+
+    def search(self, session_id: str, query: str, limit: int) -> list[str]:
+        return self._on(session_id, reads.search, query, limit)
+
+    def erase(self, session_id: str) -> Erasure | None:
+        return self._on(session_id, writes.erase)
+
+    def summary(self, session_id: str) -> tuple[int, int, int] | None:
+        """(live items, first write, last write in µs) of a session; None when it holds none."""
+        return self._on(session_id, reads.summary)
+
+    # -- every session ----------------------------------------------------------------
+
+    def session_ids(self) -> list[str]:
+        return sorted(s.session_id for s in self._layout.states() if self._on_state(s, reads.has_live_item))
+
+    def summaries(self, progress: Progress | None = None) -> list[tuple[str, int, int, int]]:
+        """(id, items, first, last write) of every session holding an item, sorted by id."""
+        found = []
+        for state, summary in self._each(reads.summary, progress):
+            if summary is not None:
+                found.append((state.session_id, *summary))
+        return sorted(found)
+
+    def purge_expired(self, progress: Progress | None = None) -> int:
+        return sum(erased for _, erased in self._each(writes.purge_expired, progress))
+
+    def verify(self, progress: Progress | None = None) -> IntegrityReport:
+        """Citadel's page check, the audit log's chain, and per session what the pages hold against what reads back."""
+        pages, chain = self._database.on_owner_thread(lambda db: (db.integrity_check(), audit_chain(db)))
+        verdicts: dict[str, int] = {}
+        sessions = []
+        for state, (expected, readable, found) in self._each(reads.inspect, progress):
+            if not expected:
+                continue
+            for verdict, count in found.items():
+                verdicts[verdict] = verdicts.get(verdict, 0) + count
+            not_authentic = sum(count for verdict, count in found.items() if verdict != "authentic")
+            cause = ATOM_KEYS if readable < expected else None
+            sessions.append(SessionIntegrity(state.session_id, expected, readable, not_authentic, cause))
+        sessions.sort(key=lambda session: session.session_id or "")
+        return integrity_report(pages, chain, verdicts, sessions)
+
+    def backup(self, destination: str | os.PathLike[str], progress: Progress | None = None) -> list[str]:
+        """Write a consistent copy of the file and its companions to `destination`; return their paths."""
+        target = Path(destination).expanduser().resolve()
+        if not target.parent.is_dir():
+            raise DatabaseNotFoundError(f"cannot back up to {target}: {target.parent} does not exist.")
+        existing = [p for p in database_files(str(target)) if os.path.exists(p)]
+        if existing:
+            raise BackupExistsError(
+                f"refusing to overwrite {', '.join(existing)}: choose a new destination "
+                "(a backup never replaces files)."
+            )
+        with self._database.exclusive(), _copy_watched(self.path, str(target), progress):
+            # Exclusive: the audit log must describe the data it goes with.
+            self._database.on_owner_thread(lambda db: backup_with_audit(db, self.path, str(target)))
+        return [p for p in database_files(str(target)) if os.path.exists(p)]
+
+    def rotate_key(self, current_key: str, new_key: str) -> None:
+        """Change the passphrase; raises `WrongPassphraseError` if `current_key` is not it."""
+        keys = [current_key, new_key]
+        del current_key, new_key  # only `keys` holds them, and it is emptied
+        try:
+            rotated = self._database.on_owner_thread(lambda db: rotate(db, self.path, *keys))
+        finally:
+            keys.clear()
+        if not rotated:
+            raise WrongPassphraseError(f"the current passphrase given for {self.path} is wrong; nothing was changed.")
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    def _on(self, session_id: str, operation: Callable[..., T], *args: Any) -> T:
+        return self._on_state(self._layout.state(session_id), operation, *args)
+
+    def _on_state(self, state: SessionState, operation: Callable[..., T], *args: Any) -> T:
+        with self._database.operation() as memory, state.lock:
+            return operation(self._layout, memory, state, *args)
+
+    def _each(self, operation: Callable[..., T], progress: Progress | None) -> list[tuple[SessionState, T]]:
+        states = self._layout.states()
+        done = []
+        for number, state in enumerate(states, 1):
+            done.append((state, self._on_state(state, operation)))
+            if progress is not None:
+                progress(number, len(states))
+        return done
+
+
+@contextmanager
+def _copy_watched(source: str, target: str, progress: Progress | None) -> Iterator[None]:
+    """Report a copy's progress by its size, polled from another thread: Citadel's backup is one call."""
+    if progress is None:
+        yield
+        return
+    callback = progress
+    total = database_size(source)
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.2):
+            callback(min(database_size(target), total), total)
+
+    watcher = threading.Thread(target=watch, name="citadel-backup-progress", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+    callback(total, total)
+
+
+def integrity_report(
+    pages: dict[str, Any],
+    chain: dict[str, Any],
+    verdicts: dict[str, int],
+    sessions: list[SessionIntegrity],
+    findings: list[str] | None = None,
+) -> IntegrityReport:
+    """Assemble an `IntegrityReport` from Citadel's page check, audit-log check and the sessions'."""
+    bad_items = sum(count for verdict, count in verdicts.items() if verdict != "authentic")
+    findings = findings or []
+    return IntegrityReport(
+        ok=bool(pages["ok"])
+        and bad_items == 0
+        and bool(chain["chain_valid"])
+        and all(session.ok for session in sessions)
+        and not findings,
+        pages_checked=int(pages["pages_checked"]),
+        page_errors=[str(error["message"]) for error in pages["errors"]],
+        item_verdicts=verdicts,
+        audit_entries=int(chain["entries_verified"]),
+        audit_break_at=None if chain["chain_valid"] else int(chain["chain_break_at"] or 0),
+        sessions=sessions,
+        findings=findings,
+    )
+
+
+def verify_file(path: str | os.PathLike[str], key: str) -> IntegrityReport:
+    """`LocalFile.verify` for a file that is not open, changing nothing in it (see `registry.inspect_file`)."""
+    try:
+        return registry.inspect_file(path, key, _inspect)
+    finally:
+        del key
+
+
+def _inspect(db: citadeldb.Database, path: str) -> IntegrityReport:
+    pages, chain = db.integrity_check(), audit_chain(db)
+    inventory = inventory_of(db, path)
+    verdict = audit(inventory)
+    maintenance = db.memory_maintenance()
+    verdicts: dict[str, int] = {}
+    sessions = []
+    for count in verdict.sessions:
+        found: dict[str, int] = {}
+        for name in count.segments:
+            region = inventory.regions[name]
+            ids = sorted(set(region.live_rows(inventory.taken_at)) - region.unreadable)
+            for attestation in maintenance.verify(name, ids) if ids and not region.forgotten else []:
+                found[attestation.verdict] = found.get(attestation.verdict, 0) + 1
+        for kind, number in found.items():
+            verdicts[kind] = verdicts.get(kind, 0) + number
+        not_authentic = sum(number for kind, number in found.items() if kind != "authentic")
+        readable = count.expected - count.unreadable
+        sessions.append(SessionIntegrity(count.session_id, count.expected, readable, not_authentic, count.cause))
+    sessions.sort(key=lambda session: (session.session_id is None, session.session_id or ""))
+    return integrity_report(pages, chain, verdicts, sessions, verdict.file)
+
+
+def reembed(
+    path: str | os.PathLike[str], key: str, embedder: Embedder, progress: Progress | None = None
+) -> ReembedSummary:
+    """Re-embed a file's stored text with `embedder`, keeping every item (reembed.py)."""
+    try:
+        database = _acquire(path, key, None, create=False, refusal="re-embedding never creates one", fix="")
+    finally:
+        del key
+    try:
+        with database.setup_lock:
+            if database.layout is not None:
+                raise CitadelSessionError(
+                    f"{database.path} has open stores in this process; close them before re-embedding."
+                )
+            with database.operation() as memory:
+                regions, items = reembed_file(memory, embedder, database.audit.leftovers, progress)
+    finally:
+        registry.release(database)
+    return ReembedSummary(regions, items, EmbedderIdentity.of(embedder).model_id)
+
+
+def _acquire(
+    path: str | os.PathLike[str],
+    key: str,
+    options: citadeldb.DatabaseOptions | None,
+    *,
+    create: bool,
+    refusal: str = "create=False forbids creating one",
+    fix: str = ", or pass create=True to start a new, empty database",
+) -> OpenDatabase:
+    """`registry.acquire`, with the one rule about new files: refused, or logged."""
+    resolved = resolve_path(path)
+    existed = os.path.exists(resolved)
+    try:
+        if not existed and not create:
+            relative = (
+                ""
+                if os.path.isabs(os.path.expanduser(path))
+                else f" ({os.fspath(path)} is relative, so it resolved against the working directory)"
+            )
+            raise DatabaseNotFoundError(
+                f"there is no database at {resolved}{relative}, and {refusal}. Correct the path{fix}.",
+                creation_refused=True,
+            )
+        database = registry.acquire(resolved, key, options, check_before_memory)
+    finally:
+        del key
+    if not existed:
+        # Worth a line in the service's log: a new empty file where one was expected is
+        # how a wrong path or working directory shows (the conversations are elsewhere).
+        _log.info("created a new Citadel database at %s", resolved)
+    return database
+
+
+def _shared_layout(database: OpenDatabase, embedder: Embedder) -> SessionLayout:
+    with database.setup_lock:
+        layout = database.layout
+        if layout is None:
+            with database.operation() as memory:
+                layout = SessionLayout(memory, embedder, database.audit, database.region_rows, database.path)
+            database.layout = layout
+        elif layout.identity != EmbedderIdentity.of(embedder):
+            raise EmbedderMismatchError(
+                f"{database.path} is already open in this process with embedder "
+                f"{layout.identity.model_id!r} (dim {layout.identity.dim}); this store asked for "
+                f"{EmbedderIdentity.of(embedder).model_id!r}. Use one embedder per file."
+            )
+        return layout
+
+
+__all__ = ["LocalFile", "Progress", "database_options", "integrity_report", "reembed", "verify_file"]

@@ -1,0 +1,123 @@
+"""Reading a session: its newest items, all of them, a summary, what verify needs, and search.
+
+Each function runs in a worker thread, under the session's lock, with the file's
+`Memory` (segments.py: how a session maps onto regions). Every read of items
+checks that Citadel returned all the pages hold (`SessionLayout.check_complete`).
+"""
+
+from __future__ import annotations
+
+from citadeldb.memory import AtomHit, Memory
+
+from ..embedders.protocol import embed_query
+from .codec import ITEM_KIND, decode_item, is_user_message
+from .records import segment_name
+from .segments import SessionLayout, SessionState, now_micros
+
+# Search ranks by vector distance with a user message's distance weighed up by this:
+# a question resembles a query more than its answer does (benchmarks/search_quality).
+_USER_DISTANCE_FACTOR = 1.3
+_CANDIDATES_PER_LIMIT = 3  # per segment: candidates for `limit` results, re-ranked across segments
+
+
+def newest(layout: SessionLayout, memory: Memory, state: SessionState, limit: int) -> list[str]:
+    """The payloads of the newest `limit` live items, oldest first."""
+    hits: list[AtomHit] = []
+    for number in reversed(state.segments):
+        need = limit - len(hits)
+        if need <= 0:
+            break
+        hits[:0] = newest_in(layout, memory, state, number, need)
+    return [hit.payload for hit in hits]
+
+
+def newest_in(layout: SessionLayout, memory: Memory, state: SessionState, number: int, need: int) -> list[AtomHit]:
+    region = layout.region(memory, state, number)
+    if number == state.segments[-1]:
+        ids = layout.tail_ids(memory, state)
+        expected = ids[-need:]
+        after = ids[-need - 1] if len(ids) > need else None
+        hits = memory.fetch(region, ITEM_KIND, limit=need, after_id=after)
+        if [hit.id for hit in hits] == expected:
+            return hits
+        state.tail_ids = None  # something expired (or went missing): look again
+    hits = memory.fetch(region, ITEM_KIND, limit=need, newest=True)
+    layout.check_complete(state, {number: [hit.id for hit in hits]}, newest=need)
+    return hits
+
+
+def all_items(layout: SessionLayout, memory: Memory, state: SessionState) -> list[str]:
+    """The payloads of every live item, oldest first."""
+    read: dict[int, list[int]] = {}
+    payloads: list[str] = []
+    for number in state.segments:
+        hits = layout.live_hits(memory, state, number)
+        read[number] = [hit.id for hit in hits]
+        payloads.extend(hit.payload for hit in hits)
+    if read:
+        layout.check_complete(state, read)
+    return payloads
+
+
+def summary(layout: SessionLayout, memory: Memory, state: SessionState) -> tuple[int, int, int] | None:
+    """(live items, creation time of the oldest, of the newest) in µs; None when empty."""
+    oldest = next(
+        (hits[0] for n in state.segments
+         if (hits := memory.fetch(layout.region(memory, state, n), ITEM_KIND, limit=1))),
+        None,
+    )
+    if oldest is None:
+        return None
+    newest = next(
+        (hits[0] for n in reversed(state.segments) if (hits := newest_in(layout, memory, state, n, 1))),
+        oldest,
+    )
+    count = sum(memory.count(layout.region(memory, state, n), ITEM_KIND) for n in state.segments)
+    return count, oldest.created_at, newest.created_at
+
+
+def inspect(layout: SessionLayout, memory: Memory, state: SessionState) -> tuple[int, int, dict[str, int]]:
+    """(items the pages hold, items Citadel reads, Citadel's verdicts on those) for `verify`."""
+    read = {n: [hit.id for hit in layout.live_hits(memory, state, n)] for n in state.segments}
+    names = {n: segment_name(state.hid, n) for n in read}
+    stored = layout.rows(list(names.values())) if names else {}
+    now = now_micros()
+    expected = readable = 0
+    verdicts: dict[str, int] = {}
+    for number, ids in read.items():
+        live = {a for a, expires in stored[names[number]].items() if expires is None or expires > now}
+        expected += len(live | set(ids))
+        readable += len(ids)
+        for attestation in memory.verify(names[number], ids) if ids else []:
+            verdicts[attestation.verdict] = verdicts.get(attestation.verdict, 0) + 1
+    return expected, readable, verdicts
+
+
+def has_live_item(layout: SessionLayout, memory: Memory, state: SessionState) -> bool:
+    return any(layout.has_live(memory, state, n) for n in reversed(state.segments))
+
+
+def search(layout: SessionLayout, memory: Memory, state: SessionState, query: str, limit: int) -> list[str]:
+    """The session's live items ranked by Citadel's hybrid recall, best first.
+
+    Each segment proposes candidates with Citadel's hybrid recall; they are merged
+    by vector distance, because Citadel's relevance is normalised per region and
+    does not compare across segments.
+    """
+    if not state.segments:
+        return []
+    # Embed the query once, not once per segment: a real model costs ~10 ms a call.
+    vector = embed_query(layout.embedder, query)
+    hits: list[AtomHit] = []
+    for number in state.segments:
+        region = layout.region(memory, state, number)
+        hits.extend(memory.recall(
+            region, text=query, embedding=vector, k=limit * _CANDIDATES_PER_LIMIT, kinds=[ITEM_KIND]
+        ))
+
+    def distance(hit: AtomHit) -> float:
+        base = hit.distance if hit.distance is not None else 2.0
+        return base * _USER_DISTANCE_FACTOR if is_user_message(decode_item(hit.payload)) else base
+
+    hits.sort(key=lambda hit: (distance(hit), -hit.id))
+    return [hit.payload for hit in hits[:limit]]

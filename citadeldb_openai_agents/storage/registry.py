@@ -1,0 +1,140 @@
+"""The files this process holds open: one `OpenDatabase` per file, shared by its stores.
+
+Stores on the same resolved path (relative, ``..`` or symlink) share one open
+file; the last store to let go closes it. Around a fork, the registry is kept
+consistent, and in the child every file the parent held (or was closing) stays
+registered, so a new open of it is refused: citadeldb would hand the child the
+parent's open file, lock and all (`ForkedStoreError`). The child also never lets
+Citadel close or drop what it inherited.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+import citadeldb
+
+from ..errors import CitadelSessionError
+from ..options import check_passphrase
+from .engine import BeforeMemory, OpenDatabase, refuse_lost_key_files
+from .files import resolve_path
+from .translate import translate_open_error, translate_storage_error
+
+T = TypeVar("T")
+
+_registry: dict[str, OpenDatabase] = {}
+# Databases whose last store let go and whose close is still under way: a child forked
+# meanwhile inherits them as much as those in `_registry` (see `_after_fork_in_child`).
+_closing: set[OpenDatabase] = set()
+_registry_lock = threading.Lock()
+
+
+def acquire(
+    path: str | os.PathLike[str],
+    key: str,
+    options: citadeldb.DatabaseOptions | None = None,
+    before_memory: BeforeMemory | None = None,
+) -> OpenDatabase:
+    """Open `path` (or join the process's open handle to it) and take a reference.
+
+    `before_memory(db, path)` runs when this call opens the file; its result is kept
+    as `OpenDatabase.audit`, and what it raises is raised here, the file closed.
+    The passphrase is deleted from every frame it passed through, on every path: an
+    error tracker that records a failed frame's locals must not record it.
+    """
+    try:
+        check_passphrase(key)
+        resolved = resolve_path(path)
+        with _registry_lock:
+            database = _registry.get(resolved)
+            if database is not None and database.forked:
+                # citadeldb would join the engine this process inherited, lock and all.
+                raise database.forked_error(opening=True)
+            if database is None:
+                database = OpenDatabase(resolved, key, options, before_memory)
+                _registry[resolved] = database
+            else:
+                database.check_same_passphrase(key)
+            database.references += 1
+            return database
+    finally:
+        del key
+
+def inspect_file(
+    path: str | os.PathLike[str], key: str, inspect: Callable[[citadeldb.Database, str], T]
+) -> T:
+    """Open a file without its memory engine, run `inspect(db, path)`, close it: nothing is changed.
+
+    For a file that refuses to open for use (a damaged one): Citadel's memory engine
+    would delete what it cannot read. Raises `CitadelSessionError` if this process
+    holds the file open already (inspect that open store instead).
+    """
+    try:
+        check_passphrase(key)
+        resolved = resolve_path(path)
+        with _registry_lock:
+            if resolved in _registry:
+                raise CitadelSessionError(
+                    f"{resolved} is open in this process; call verify() on its store instead."
+                )
+        try:
+            db = citadeldb.connect(resolved, key=key, region_keys=True)
+        except BaseException as exc:
+            raise translate_open_error(exc, resolved) from None
+    finally:
+        del key  # see `acquire`
+    try:
+        refuse_lost_key_files(db, resolved)
+        return inspect(db, resolved)
+    except citadeldb.CitadelError as exc:
+        raise translate_storage_error(exc, resolved) from None
+    finally:
+        db.close()
+        gc.collect()  # the maintenance handles inspect made hold the file until collected
+
+
+def release(database: OpenDatabase) -> None:
+    """Drop one store's reference to `database`; the last one closes the file and frees its lock."""
+    database.check_process()
+    with _registry_lock:
+        database.references -= 1
+        if database.references > 0:
+            return
+        _registry.pop(database.path, None)
+        _closing.add(database)
+    try:
+        database.close()
+    finally:
+        with _registry_lock:
+            _closing.discard(database)
+
+
+def _before_fork() -> None:
+    # No thread may be opening or closing a file while the process is copied: the child
+    # must find every file the parent holds (or is closing) in `_registry` or `_closing`.
+    _registry_lock.acquire()
+
+def _after_fork_in_parent() -> None:
+    _registry_lock.release()
+
+def _after_fork_in_child() -> None:
+    global _registry_lock
+    _registry_lock = threading.Lock()  # the parent's is held by the forking thread
+    # Files being closed are inherited too; `acquire` must refuse them like open ones.
+    for database in _closing:
+        _registry.setdefault(database.path, database)
+    _closing.clear()
+    for database in _registry.values():
+        database.keep_citadel_objects_forever()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )

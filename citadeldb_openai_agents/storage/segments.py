@@ -1,0 +1,362 @@
+"""How sessions map onto Citadel regions, and the storage operations on them.
+
+Measured on citadeldb 2.7.0 (see the README's "Storage layout"): filtering a
+shared region by session scans the whole region, and even in a region of its
+own, finding the newest atoms, `count` and `forget` cost time in proportion to
+the region's size (a pop at 10,000 atoms: ~90 ms). Seeking from a known id
+(`fetch(after_id=...)`, `fetch_one`) does not. So:
+
+* each session is a chain of *segments*, regions of at most
+  `SEGMENT_CAPACITY` atoms named ``coa.s.<hid>.<n>``; one atom per item, its
+  payload the item's JSON text. Appends go to the tail segment, so a read of
+  the newest N, a pop and an append touch one or two small regions whatever
+  the session's length or the file's size;
+* ``<hid>`` is an HMAC of the session id under a random per-file salt: a region
+  name neither reveals a session id nor confirms a guessed one, even to someone
+  who can read the (encrypted) pages. The ids themselves live in the catalog;
+* the catalog region holds one atom per session, its `CatalogRecord`: the id, the
+  live segments, and the erasure under way. Each write keeps the record ahead of
+  the data (records.py), so that on open Citadel's unreadable atoms and regions
+  are told apart from erasures a crash interrupted (audit.py), and the latter
+  are finished;
+* a batch always lands in one segment (one `remember_batch`), so it is atomic,
+  and costs one commit: the record changes only when a segment is opened or
+  dropped, on a pop and on a clear;
+* an item's atom text (Citadel's keyword index) is the item's own text; its vector,
+  computed here and handed to Citadel, is of a reply's text after its question.
+* Every read checks that Citadel returned every item the pages hold (Citadel skips
+  an atom whose key it cannot read, silently): a shortened history raises.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import citadeldb
+from citadeldb.memory import AtomHit, Memory
+
+from ..embedders.protocol import Embedder, EmbedderIdentity
+from ..errors import CorruptDatabaseError, EmbedderMismatchError
+from .audit import ATOM_KEYS, AuditVerdict
+from .codec import ITEM_KIND
+from .records import (
+    CATALOG_KIND,
+    CATALOG_REGION,
+    LAYOUT_FORMAT,
+    META_KIND,
+    META_REGION,
+    CatalogRecord,
+    parse_segment,
+    segment_name,
+    session_hid,
+)
+
+SEGMENT_CAPACITY = 256
+ALL = 2**63 - 1  # fetch's default limit is 100; "everything" must be asked for.
+
+logger = logging.getLogger("citadeldb_openai_agents")
+
+# The rows the file's pages hold for some regions: atom id -> expiry (µs) or None.
+RowReader = Callable[[list[str]], dict[str, dict[int, int | None]]]
+
+
+def now_micros() -> int:
+    """Now, in Citadel's unit for times: µs since the epoch."""
+    return time.time_ns() // 1000
+
+
+@dataclass
+class SessionState:
+    """What this process knows about one session's segments (guarded by `lock`)."""
+
+    session_id: str
+    hid: str
+    segments: list[int] = field(default_factory=list)
+    catalog_id: int | None = None
+    record: CatalogRecord | None = None
+    # Live atom ids of the tail segment, ascending, when known: they let a read of the
+    # newest N seek (`after_id`) instead of scanning the segment.
+    tail_ids: list[int] | None = None
+    tail_stored: int = 0
+    # The text of the session's latest user message, when known: a reply's vector is
+    # computed with the question it answers (see `append`).
+    last_question: str | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+
+class SessionLayout:
+    """The sessions of one open file; shared by every store on it.
+
+    Args:
+        memory: The file's memory engine.
+        embedder: The embedder the file's vectors are bound to.
+        verdict: The open-time audit of the file (damage.audit): it names the regions
+            an interrupted erasure left, which are dropped here.
+        rows: Reads the rows the pages hold for some regions (on the file's owner
+            thread), to check that a read returned all of them.
+        path: The file, for messages.
+    """
+
+    def __init__(
+        self, memory: Memory, embedder: Embedder, verdict: AuditVerdict, rows: RowReader, path: str
+    ) -> None:
+        self.embedder = embedder
+        self.identity = EmbedderIdentity.of(embedder)
+        self.path = path
+        self.rows = rows
+        self._attached: set[str] = set()
+        self._states: dict[str, SessionState] = {}  # by hid
+        self._by_id: dict[str, SessionState] = {}
+        self._states_lock = threading.Lock()
+        self._attach(memory, META_REGION)
+        self._attach(memory, CATALOG_REGION)
+        self._salt, layout_format = self._load_meta(memory)
+        self._load_index(memory, verdict)
+        if layout_format < LAYOUT_FORMAT:
+            self._upgrade(memory)
+
+    def _attach(self, memory: Memory, region: str) -> None:
+        if region in self._attached:
+            return
+        try:
+            memory.create_encrypted_region(region, self.embedder)
+        except citadeldb.DataError as exc:
+            raise self._mismatch(str(exc)) from None
+        self._attached.add(region)
+
+    def _mismatch(self, detail: str) -> EmbedderMismatchError:
+        return EmbedderMismatchError(
+            f"this file's items were embedded with another model than {self.identity.model_id!r} "
+            f"(dim {self.identity.dim}, {self.identity.metric}): {detail}. Open it with the "
+            "embedder it was written with, or re-embed the stored text with "
+            "`python -m citadeldb_openai_agents reembed`."
+        )
+
+    def _load_meta(self, memory: Memory) -> tuple[bytes, int]:
+        found = memory.fetch(META_REGION, META_KIND, limit=1)
+        if found:
+            meta = found[0].payload
+            self._meta_id = found[0].id
+        else:
+            # A new file (the open-time audit refused a used file whose record is unreadable).
+            meta = {
+                "format": LAYOUT_FORMAT,
+                "salt": secrets.token_hex(32),
+                "embedder": self.identity.__dict__,
+            }
+            # Text is never empty: Citadel re-embeds (reembed_file) from an atom's text.
+            self._meta_id = memory.remember(META_REGION, {"kind": META_KIND, "text": "layout", "payload": meta})
+        recorded = EmbedderIdentity(**meta["embedder"])
+        if recorded != self.identity:
+            raise self._mismatch(
+                f"it records {recorded.model_id!r} (dim {recorded.dim}, {recorded.metric})"
+            )
+        return bytes.fromhex(meta["salt"]), int(meta.get("format", 1))
+
+    def _load_index(self, memory: Memory, verdict: AuditVerdict) -> None:
+        for hit in memory.fetch(CATALOG_REGION, CATALOG_KIND, limit=ALL):
+            record = CatalogRecord.from_payload(hit.payload)
+            state = self._new_state(record.session_id)
+            state.catalog_id, state.record = hit.id, record
+        for name in _region_names(memory, verdict.leftovers):
+            parsed = parse_segment(name)
+            if parsed is None:
+                continue
+            if name in verdict.leftovers:
+                memory.drop_region(name)  # left by an erasure a crash interrupted
+                continue
+            hid, number = parsed
+            state = self._states.get(hid)
+            listed = None if state is None or state.record is None else state.record.segments
+            if state is None or state.record is None or (listed is not None and number not in listed):
+                # The audit explains every region or refuses the file: this one changed since.
+                raise CorruptDatabaseError(
+                    f"{self.path} changed while it was being opened: segment {name} has no "
+                    "catalog record. Run `python -m citadeldb_openai_agents verify`."
+                )
+            state.segments.append(number)
+        for state in list(self._states.values()):
+            state.segments.sort()
+            if state.record is not None and state.record.clearing:
+                # A clear a crash interrupted: its segments went above, its record goes last.
+                memory.forget(CATALOG_REGION, [state.catalog_id])
+                self._states.pop(state.hid)
+                self._by_id.pop(state.session_id)
+
+    def _upgrade(self, memory: Memory) -> None:
+        """Rewrite a format-1 file's catalog records as format 2 (idempotent; the layout record last)."""
+        for state in self.states():
+            record = state.record
+            if record is None or record.segments is not None:
+                continue
+            record.segments = list(state.segments)
+            record.next_segment = state.segments[-1] + 1 if state.segments else 0
+            self.write_record(memory, state)
+        meta = dict(memory.fetch(META_REGION, META_KIND, limit=1)[0].payload)
+        meta["format"] = LAYOUT_FORMAT
+        memory.update_atom_payload(META_REGION, self._meta_id, meta)
+        logger.info("upgraded %s to layout format %d", self.path, LAYOUT_FORMAT)
+
+    def hid(self, session_id: str) -> str:
+        """The session's region-name stem: reveals nothing without the file's salt."""
+        return session_hid(self._salt, session_id)
+
+    def _new_state(self, session_id: str) -> SessionState:
+        hid = self.hid(session_id)
+        state = self._states.get(hid)
+        if state is None:
+            state = SessionState(session_id=session_id, hid=hid)
+            self._states[hid] = state
+            self._by_id[session_id] = state
+        return state
+
+    def state(self, session_id: str) -> SessionState:
+        """The (possibly empty) state of a session, created on first use."""
+        state = self._by_id.get(session_id)  # skips the HMAC on every call but the first
+        if state is not None:
+            return state
+        with self._states_lock:
+            return self._new_state(session_id)
+
+    def states(self) -> list[SessionState]:
+        with self._states_lock:
+            return list(self._states.values())
+
+    def write_record(self, memory: Memory, state: SessionState) -> None:
+        """Store the session's record (creating its catalog atom on first use)."""
+        assert state.record is not None
+        payload = state.record.to_payload()
+        if state.catalog_id is None:
+            entry = {"kind": CATALOG_KIND, "text": "session", "payload": payload}
+            state.catalog_id = memory.remember(CATALOG_REGION, entry)
+        else:
+            memory.update_atom_payload(CATALOG_REGION, state.catalog_id, payload)
+
+    def record(self, state: SessionState) -> CatalogRecord:
+        if state.record is None:
+            state.record = CatalogRecord(state.session_id)
+        return state.record
+
+    def region(self, memory: Memory, state: SessionState, number: int) -> str:
+        """The segment's region name, attached to the embedder (once per process)."""
+        name = segment_name(state.hid, number)
+        self._attach(memory, name)
+        return name
+
+    def live_hits(self, memory: Memory, state: SessionState, number: int) -> list[AtomHit]:
+        return memory.fetch(self.region(memory, state, number), ITEM_KIND, limit=ALL)
+
+    def open_segment(self, memory: Memory, state: SessionState) -> str:
+        """A new tail segment: listed in the record first, then created."""
+        record = self.record(state)
+        number = record.next_segment
+        record.next_segment += 1
+        assert record.segments is not None  # format-1 records are upgraded on open
+        record.segments.append(number)
+        self.write_record(memory, state)
+        region = self.region(memory, state, number)
+        state.segments.append(number)
+        state.tail_ids, state.tail_stored = [], 0
+        return region
+
+    def drop_segment(self, memory: Memory, state: SessionState, number: int, *, unlist: bool = True) -> None:
+        # Unlisted first: a crash before the drop leaves a region the record explains.
+        # Dropping an encrypted region destroys its atoms' keys (tests/test_erasure.py),
+        # attached or not; attaching first would cost ~3 ms a segment after a reopen.
+        if unlist and state.record is not None and state.record.segments is not None:
+            state.record.segments.remove(number)
+            self.write_record(memory, state)
+        name = segment_name(state.hid, number)
+        memory.drop_region(name)
+        self._attached.discard(name)
+        state.segments.remove(number)
+        if not state.segments or number > state.segments[-1]:
+            state.tail_ids = None
+            state.tail_stored = 0
+
+    def tail_ids(self, memory: Memory, state: SessionState) -> list[int]:
+        if state.tail_ids is None:
+            number = state.segments[-1]
+            hits = self.live_hits(memory, state, number)
+            self.check_complete(state, {number: [hit.id for hit in hits]})
+            state.tail_ids = [hit.id for hit in hits]
+            state.tail_stored = max(state.tail_stored, len(state.tail_ids))
+        return state.tail_ids
+
+    def check_complete(self, state: SessionState, read: dict[int, list[int]], newest: int | None = None) -> None:
+        """Raise unless `read` holds every unexpired item the pages hold in those segments.
+
+        `read` maps a segment to the ids a read returned from it; with `newest`, the read
+        asked for that many of the segment's newest items only.
+        """
+        names = {number: segment_name(state.hid, number) for number in read}
+        stored = self.rows(list(names.values()))
+        now = now_micros()  # after the reads: an item that expired since may be gone
+        missing = expected = 0
+        for number, ids in read.items():
+            live = sorted(a for a, expires in stored[names[number]].items() if expires is None or expires > now)
+            if newest is not None:
+                live = live[-newest:]
+            expected += len(live)
+            missing += len(set(live) - set(ids))
+        if missing:
+            raise self.damaged(state, missing, expected)
+
+    def damaged(self, state: SessionState, missing: int, expected: int) -> CorruptDatabaseError:
+        """The error for a read that came back short."""
+        return CorruptDatabaseError(
+            f"{self.path} is damaged: {missing} of {expected} items of session {state.session_id!r} "
+            f"cannot be read ({ATOM_KEYS}), and a read never returns a shortened history. Run "
+            "`python -m citadeldb_openai_agents verify` for the full report, and restore the file "
+            "and its companion files together from a backup."
+        )
+
+    def has_live(self, memory: Memory, state: SessionState, number: int) -> bool:
+        return bool(memory.fetch(self.region(memory, state, number), ITEM_KIND, limit=1))
+
+    def tail_stored(self, memory: Memory, state: SessionState) -> int:
+        self.tail_ids(memory, state)
+        return state.tail_stored
+
+    def detach(self, name: str) -> None:
+        """Forget that a region is attached (it was dropped)."""
+        self._attached.discard(name)
+
+    def segment_regions(self, state: SessionState) -> list[str]:
+        return [segment_name(state.hid, n) for n in state.segments]
+
+
+def _region_names(memory: Memory, leftovers: set[str]) -> list[str]:
+    """The names of the file's regions, after finishing any drop a crash interrupted.
+
+    citadeldb 2.7.0 drops a region in two steps: it erases the region's key, then
+    deletes the region. A process killed between the two leaves a region whose key
+    is gone, and `Memory.regions()` then raises for the whole file, so the file
+    would never open again (tests/test_crash.py found it). Dropping such a region
+    again completes the drop. A damaged key in ``-regions`` looks the same, so only
+    the regions the open-time audit found left by an erasure (`leftovers`) are
+    dropped; any other stops here.
+    """
+    return [region.name for region in regions(memory, leftovers)]
+
+def regions(memory: Memory, leftovers: set[str]) -> list[Any]:
+    """`_region_names`, with each region's recorded model (`citadeldb.RegionIdentity`)."""
+    finished: set[str] = set()
+    while True:
+        try:
+            return list(memory.regions())
+        except citadeldb.EncryptionError as exc:
+            match = _FORGOTTEN_REGION.fullmatch(str(exc))
+            if match is None or match.group(1) in finished or match.group(1) not in leftovers:
+                raise
+            finished.add(match.group(1))
+            memory.drop_region(match.group(1))
+
+_FORGOTTEN_REGION = re.compile(r"region '(.*)' has been forgotten: .*", re.DOTALL)
