@@ -48,9 +48,7 @@ def main() -> int:
         elif name not in pins:
             problems.append(f"{name} >={floor[1]} is not pinned in {PINS.name}")
         elif pins[name] != floor[1]:
-            problems.append(
-                f"{name}: pyproject.toml says >={floor[1]}, {PINS.name} pins =={pins[name]}"
-            )
+            problems.append(f"{name}: pyproject.toml says >={floor[1]}, {PINS.name} pins =={pins[name]}")
     for problem in problems:
         print(f"check_floors: {problem}", file=sys.stderr)
     if not problems:

@@ -31,12 +31,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import citadeldb  # noqa: E402
-import raw_citadel  # noqa: E402
-from backends import EMBEDDER_DIM, KEY  # noqa: E402
-from workload import items, make_turn  # noqa: E402
+import citadeldb
+import raw_citadel
+from backends import EMBEDDER_DIM, KEY
+from workload import items, make_turn
 
-from citadeldb_openai_agents import CitadelSessionStore  # noqa: E402
+from citadeldb_openai_agents import CitadelSessionStore
 
 
 class RawInContext(raw_citadel.RawSession):
@@ -72,24 +72,33 @@ class RawInContext(raw_citadel.RawSession):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--items", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--turns", type=int, default=30, help="turns added per backend per round")
     args = parser.parse_args()
     directory = tempfile.mkdtemp(prefix="ab-add-items-")
     add: dict[str, Any] = {}
-    for name, vector_only in (("raw, own text", None), ("raw, question+own text", False),
-                              ("raw, question in vector only", True)):
-        file = raw_citadel.RawFile(f"{directory}/{len(add)}.cdl", KEY, citadeldb.MockEmbedder(dim=EMBEDDER_DIM))
+    for name, vector_only in (
+        ("raw, own text", None),
+        ("raw, question+own text", False),
+        ("raw, question in vector only", True),
+    ):
+        file = raw_citadel.RawFile(
+            f"{directory}/{len(add)}.cdl", KEY, citadeldb.MockEmbedder(dim=EMBEDDER_DIM)
+        )
         session = file.session("s") if vector_only is None else RawInContext(file, "s", vector_only)
         add[name] = session.add_items
-    store = CitadelSessionStore(f"{directory}/ours.cdl", KEY, embedder=citadeldb.MockEmbedder(dim=EMBEDDER_DIM))
+    store = CitadelSessionStore(
+        f"{directory}/ours.cdl", KEY, embedder=citadeldb.MockEmbedder(dim=EMBEDDER_DIM)
+    )
     add["ours"] = lambda batch: store._add_items("s", batch)
     data = items(args.items)
     for start in range(0, args.items, 100):
         for function in add.values():
-            function(data[start:start + 100])
+            function(data[start : start + 100])
     medians: dict[str, list[float]] = {name: [] for name in add}
     turn = 1_000_000  # turns the fill did not use
     for round_number in range(args.rounds):
@@ -107,8 +116,10 @@ def main() -> None:
     print(f"add_items of one turn at {args.items:,} items: median of {args.rounds} round medians, ms")
     for name, values in medians.items():
         median = statistics.median(values)
-        print(f"  {name:30} {median:6.2f}  ({median / floor - 1:+.0%} vs raw, own text)   rounds: "
-              + " ".join(f"{v:.2f}" for v in values))
+        print(
+            f"  {name:30} {median:6.2f}  ({median / floor - 1:+.0%} vs raw, own text)   rounds: "
+            + " ".join(f"{v:.2f}" for v in values)
+        )
     store.close()
 
 

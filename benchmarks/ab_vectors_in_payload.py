@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import citadeldb  # noqa: E402
-from workload import items  # noqa: E402
+import citadeldb
+from workload import items
 
 REGIONS, PER_REGION, DIM = 40, 250, 384
 
@@ -44,7 +44,7 @@ def main() -> None:
             region = f"{layout}.{number}"
             memory.create_encrypted_region(region, citadeldb.MockEmbedder(dim=64))
             atoms = []
-            for item in data[number * PER_REGION:(number + 1) * PER_REGION]:
+            for item in data[number * PER_REGION : (number + 1) * PER_REGION]:
                 text = json.dumps(item, separators=(",", ":"))
                 payload = text if layout == "text" else {"i": text, "v": vector}
                 atoms.append({"kind": "item", "text": "x", "payload": payload, "embedding": [1.0] * 64})
@@ -60,8 +60,10 @@ def main() -> None:
             json.loads("[" + ",".join(texts) + "]")
             samples[layout].append((time.perf_counter() - started) * 1000)
     for layout, values in samples.items():
-        print(f"full read of {len(data):,} items, payload = {layout:12}: median {statistics.median(values):.1f} ms "
-              f"(rounds: {' '.join(f'{v:.0f}' for v in values)})")
+        print(
+            f"full read of {len(data):,} items, payload = {layout:12}: median {statistics.median(values):.1f} ms "
+            f"(rounds: {' '.join(f'{v:.0f}' for v in values)})"
+        )
     db.close()
 
 

@@ -41,17 +41,29 @@ def main() -> None:
             memory.create_encrypted_region(region, embedder)
             ids: list[int] = []
             for _ in range(0, size, 100):
-                ids += memory.remember_batch(region, [{"kind": "item", "text": "hello there", "payload": payload}] * 100)
+                ids += memory.remember_batch(
+                    region, [{"kind": "item", "text": "hello there", "payload": payload}] * 100
+                )
             ids = ids[:size]
             victims = iter(ids[-200:-100])
             measured = {
-                "remember_batch, 3 atoms": lambda: memory.remember_batch(region, [{"kind": "item", "text": "hi", "payload": payload}] * 3),
-                "fetch(newest=True, limit=20) (scans)": lambda: memory.fetch(region, "item", limit=20, newest=True),
-                "fetch(after_id=known, limit=20) (seeks)": lambda: memory.fetch(region, "item", limit=20, after_id=ids[-30]),
-                "fetch_one(id) (seeks)": lambda: memory.fetch_one(region, ids[-1]),
-                "count (scans)": lambda: memory.count(region, "item"),
-                "forget 1 id (scans)": lambda: memory.forget(region, [next(victims)]),
-                "evict(expired), none expired": lambda: memory.evict(region, citadeldb.EvictionPolicy.expired()),
+                "remember_batch, 3 atoms": lambda region=region: memory.remember_batch(
+                    region, [{"kind": "item", "text": "hi", "payload": payload}] * 3
+                ),
+                "fetch(newest=True, limit=20) (scans)": lambda region=region: memory.fetch(
+                    region, "item", limit=20, newest=True
+                ),
+                "fetch(after_id=known, limit=20) (seeks)": lambda region=region, ids=ids: memory.fetch(
+                    region, "item", limit=20, after_id=ids[-30]
+                ),
+                "fetch_one(id) (seeks)": lambda region=region, ids=ids: memory.fetch_one(region, ids[-1]),
+                "count (scans)": lambda region=region: memory.count(region, "item"),
+                "forget 1 id (scans)": lambda region=region, victims=victims: memory.forget(
+                    region, [next(victims)]
+                ),
+                "evict(expired), none expired": lambda region=region: memory.evict(
+                    region, citadeldb.EvictionPolicy.expired()
+                ),
             }
             for name, call in measured.items():
                 rows.setdefault(name, []).append(median_ms(call))

@@ -63,7 +63,7 @@ class RawFile:
         segments: dict[str, list[int]] = {}
         for region in self.memory.regions():
             if region.name.startswith(PREFIX):
-                hid, _, number = region.name[len(PREFIX):].partition(".")
+                hid, _, number = region.name[len(PREFIX) :].partition(".")
                 segments.setdefault(hid, []).append(int(number))
         for session_id, catalog_id in catalog.items():
             session = self.session(session_id)
@@ -113,7 +113,11 @@ class RawSession:
             entry = {"kind": "session", "text": "session", "payload": self.session_id}
             self.catalog_id = memory.remember(CATALOG, entry)
         atoms = [
-            {"kind": KIND, "text": _text(item), "payload": json.dumps(item, ensure_ascii=False, separators=(",", ":"))}
+            {
+                "kind": KIND,
+                "text": _text(item),
+                "payload": json.dumps(item, ensure_ascii=False, separators=(",", ":")),
+            }
             for item in items
         ]
         if not self.segments or len(self.known_tail_ids()) >= CAPACITY:
@@ -125,7 +129,9 @@ class RawSession:
         memory = self.file.memory
         if limit is None:
             return _decode(
-                hit.payload for number in self.segments for hit in memory.fetch(self.region(number), KIND, limit=ALL)
+                hit.payload
+                for number in self.segments
+                for hit in memory.fetch(self.region(number), KIND, limit=ALL)
             )
         hits: list[Any] = []
         for number in reversed(self.segments):

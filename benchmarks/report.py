@@ -20,8 +20,15 @@ RATIO_LIMIT = 2.0
 OVERHEAD_LIMIT = 1.15
 RATIO_TARGET_OPS = ("get_items(limit=20)", "pop_item", "add_items (1 turn)")
 BIG_TARGET_OPS = ("clear_session", "get_items() full")
-TIMED_OPS = ("add_items (1 turn)", "get_items(limit=20)", "get_items() full", "pop_item", "clear_session",
-             "open new file", "reopen + get_items(limit=20)")
+TIMED_OPS = (
+    "add_items (1 turn)",
+    "get_items(limit=20)",
+    "get_items() full",
+    "pop_item",
+    "clear_session",
+    "open new file",
+    "reopen + get_items(limit=20)",
+)
 FOOTNOTES = {
     "open new file": "create the file and mint a session (Citadel: the passphrase KDF)",
     "fill": "one sample per round: N items in add_items calls of 100 (many sessions: 25 per call, interleaved)",
@@ -78,10 +85,21 @@ def summarise(data: dict[str, Any]) -> dict[str, Any]:
             "disk_after_refill_clear_bytes": statistics.median(measured["disk_after_refill_clear"]),
             "audit_after_refill_clear_bytes": statistics.median(measured["disk_after_refill_clear_audit"]),
         }
-    cut = sorted({f"{run['backend']} {run['scenario']} {op} ({n} in a round)"
-                  for run in data["runs"] for op, n in run.get("cut_by_budget", {}).items()})
-    summary = {"scenarios": scenarios, "cells": cells, "resources": resources, "skipped": skipped,
-               "errors": errors, "cut_by_budget": cut}
+    cut = sorted(
+        {
+            f"{run['backend']} {run['scenario']} {op} ({n} in a round)"
+            for run in data["runs"]
+            for op, n in run.get("cut_by_budget", {}).items()
+        }
+    )
+    summary = {
+        "scenarios": scenarios,
+        "cells": cells,
+        "resources": resources,
+        "skipped": skipped,
+        "errors": errors,
+        "cut_by_budget": cut,
+    }
     summary["targets"] = targets(summary)
     return summary
 
@@ -109,12 +127,26 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
         ours, raw = ratio(summary, scenario, "ours", op), ratio(summary, scenario, "raw", op)
         if ours is None:
             return
-        verdict = "met" if ours <= RATIO_LIMIT else (
-            "missed: engine floor (raw citadeldb alone is over the limit)"
-            if raw is not None and raw > RATIO_LIMIT else "missed: our adapter's overhead"
+        verdict = (
+            "met"
+            if ours <= RATIO_LIMIT
+            else (
+                "missed: engine floor (raw citadeldb alone is over the limit)"
+                if raw is not None and raw > RATIO_LIMIT
+                else "missed: our adapter's overhead"
+            )
         )
-        checks.append({"target": f"ours <= {RATIO_LIMIT:g}x SQLiteSession", "scenario": scenario, "op": op,
-                       "ours_ratio": ours, "raw_ratio": raw, "met": ours <= RATIO_LIMIT, "verdict": verdict})
+        checks.append(
+            {
+                "target": f"ours <= {RATIO_LIMIT:g}x SQLiteSession",
+                "scenario": scenario,
+                "op": op,
+                "ours_ratio": ours,
+                "raw_ratio": raw,
+                "met": ours <= RATIO_LIMIT,
+                "verdict": verdict,
+            }
+        )
 
     for scenario in [largest, *many]:
         if scenario:
@@ -131,15 +163,25 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
             if over is None:
                 continue
             delta = median(summary, scenario, "ours", op) - median(summary, scenario, "raw", op)
-            checks.append({"target": f"ours <= raw citadeldb + {OVERHEAD_LIMIT - 1:.0%}", "scenario": scenario,
-                           "op": op, "ours_over_raw": over, "delta_ms": delta, "met": over <= OVERHEAD_LIMIT,
-                           "sync_over_raw_sync": ratio(summary, scenario, "ours-sync", op, to="raw-sync"),
-                           "verdict": "met" if over <= OVERHEAD_LIMIT else "missed: our adapter's overhead"})
+            checks.append(
+                {
+                    "target": f"ours <= raw citadeldb + {OVERHEAD_LIMIT - 1:.0%}",
+                    "scenario": scenario,
+                    "op": op,
+                    "ours_over_raw": over,
+                    "delta_ms": delta,
+                    "met": over <= OVERHEAD_LIMIT,
+                    "sync_over_raw_sync": ratio(summary, scenario, "ours-sync", op, to="raw-sync"),
+                    "verdict": "met" if over <= OVERHEAD_LIMIT else "missed: our adapter's overhead",
+                }
+            )
     for scenario, backends in summary["resources"].items():
         if "ours" in backends:
             checks.append(_disk_check(scenario, backends["ours"], backends.get("raw")))
     order = {op: i for i, op in enumerate((*TIMED_OPS, "disk"))}
-    checks.sort(key=lambda c: (c["target"], summary["scenarios"].index(c["scenario"]), order.get(c["op"], 99)))
+    checks.sort(
+        key=lambda c: (c["target"], summary["scenarios"].index(c["scenario"]), order.get(c["op"], 99))
+    )
     return checks
 
 
@@ -153,20 +195,37 @@ def _disk_check(scenario: str, ours: dict[str, Any], raw: dict[str, Any] | None)
     growth = _data_growth(ours, "disk_after_clear_bytes")
     audit = ours["audit_after_clear_bytes"] - ours["audit_after_close_bytes"]
     if growth <= 0:
-        verdict = "met" + (f" for the data files; the audit log grew {audit:+,.0f} B (Citadel's record of the erasure)"
-                           if audit > 0 else "")
+        verdict = "met" + (
+            f" for the data files; the audit log grew {audit:+,.0f} B (Citadel's record of the erasure)"
+            if audit > 0
+            else ""
+        )
     else:
         engine = raw is not None and _data_growth(raw, "disk_after_clear_bytes") >= growth
         reused = ours["disk_after_refill_clear_bytes"] - ours["audit_after_refill_clear_bytes"] <= (
-            ours["disk_after_clear_bytes"] - ours["audit_after_clear_bytes"])
-        verdict = ("missed: engine floor (raw citadeldb grows as much: drop_region writes before it frees)"
-                   if engine else "missed: our adapter") + (
+            ours["disk_after_clear_bytes"] - ours["audit_after_clear_bytes"]
+        )
+        verdict = (
+            "missed: engine floor (raw citadeldb grows as much: drop_region writes before it frees)"
+            if engine
+            else "missed: our adapter"
+        ) + (
             "; the space is reused (writing as much again and clearing it does not grow the file)"
-            if reused else "; the space is NOT reused")
-    return {"target": "disk after clear_session <= before it", "scenario": scenario, "op": "disk",
-            "before_bytes": ours["disk_after_close_bytes"], "after_bytes": ours["disk_after_clear_bytes"],
-            "after_refill_clear_bytes": ours["disk_after_refill_clear_bytes"],
-            "data_growth_bytes": growth, "audit_growth_bytes": audit, "met": growth <= 0, "verdict": verdict}
+            if reused
+            else "; the space is NOT reused"
+        )
+    return {
+        "target": "disk after clear_session <= before it",
+        "scenario": scenario,
+        "op": "disk",
+        "before_bytes": ours["disk_after_close_bytes"],
+        "after_bytes": ours["disk_after_clear_bytes"],
+        "after_refill_clear_bytes": ours["disk_after_refill_clear_bytes"],
+        "data_growth_bytes": growth,
+        "audit_growth_bytes": audit,
+        "met": growth <= 0,
+        "verdict": verdict,
+    }
 
 
 # -- markdown ---------------------------------------------------------------------------
@@ -196,13 +255,15 @@ def markdown(data: dict[str, Any], summary: dict[str, Any]) -> str:
         f"Command: `{data['command']}` ({data['duration_s'] / 60:.0f} min, started {data['started']}).",
         "",
         "Medians in milliseconds; in brackets the ratio to SQLiteSession in the same run. "
-        "\"ours / raw\" is what our adapter adds to raw citadeldb calls doing the same work in the same layout "
-        "(both through asyncio.to_thread, as every backend here; the \"(sync)\" columns call them without it).",
+        '"ours / raw" is what our adapter adds to raw citadeldb calls doing the same work in the same layout '
+        '(both through asyncio.to_thread, as every backend here; the "(sync)" columns call them without it).',
     ]
     for scenario in summary["scenarios"]:
         cells = summary["cells"].get(scenario, {})
         columns = [b for b in present if b in cells]
-        what = "one session" if scenario.startswith("N=") else "sessions x items, one file; timed on one session"
+        what = (
+            "one session" if scenario.startswith("N=") else "sessions x items, one file; timed on one session"
+        )
         lines += ["", f"**{scenario}** ({what})", ""]
         lines.append("| operation | " + " | ".join(LABELS[b] for b in columns) + " | ours / raw |")
         lines.append("|---|" + "---:|" * (len(columns) + 1))
@@ -223,12 +284,17 @@ def markdown(data: dict[str, Any], summary: dict[str, Any]) -> str:
     lines += ["", "\\* " + "; ".join(f"{op}: {what}" for op, what in FOOTNOTES.items()) + "."]
     lines += _resources(summary, present)
     lines += _targets(summary)
-    notes = data["notes"] + [f"skipped {b}: {why}" for b, why in summary["skipped"].items()] + [
-        f"error: {e}" for e in summary["errors"]]
+    notes = (
+        data["notes"]
+        + [f"skipped {b}: {why}" for b, why in summary["skipped"].items()]
+        + [f"error: {e}" for e in summary["errors"]]
+    )
     loads = [load for run in data["runs"] for load in run.get("loadavg_1min", [])]
     if loads:
-        notes.append(f"the machine's 1-minute load average during the workers: {min(loads):.1f} to {max(loads):.1f} "
-                     f"(median {statistics.median(loads):.1f}) on {machine.get('nproc')} cores; other work shared it")
+        notes.append(
+            f"the machine's 1-minute load average during the workers: {min(loads):.1f} to {max(loads):.1f} "
+            f"(median {statistics.median(loads):.1f}) on {machine.get('nproc')} cores; other work shared it"
+        )
     if summary["cut_by_budget"]:
         notes.append("series stopped early by the budget: " + "; ".join(summary["cut_by_budget"]))
     if notes:
@@ -238,18 +304,35 @@ def markdown(data: dict[str, Any], summary: dict[str, Any]) -> str:
 
 def _ops(cells: dict[str, dict[str, Any]]) -> list[str]:
     seen = {op for by_op in cells.values() for op in by_op}
-    order = ["open new file", "fill", "add_items (1 turn)", "get_items(limit=20)", "get_items() full",
-             "pop_item", "reopen + get_items(limit=20)", "clear_session"]
+    order = [
+        "open new file",
+        "fill",
+        "add_items (1 turn)",
+        "get_items(limit=20)",
+        "get_items() full",
+        "pop_item",
+        "reopen + get_items(limit=20)",
+        "clear_session",
+    ]
     return [op for op in order if op in seen]
 
 
 def _resources(summary: dict[str, Any], present: list[str]) -> list[str]:
     scenarios = [s for s in summary["scenarios"] if s in summary["resources"]]
-    lines = ["", "Peak RSS of the worker process (MiB; in brackets: after importing the SDK and the backend, "
-             "before any work), and disk (the file and its companion files) after close -> after reopening "
-             "and clear_session -> after writing as much again into another session and clearing it:", ""]
-    lines.append("| backend | " + " | ".join(f"{s} RSS" for s in scenarios) + " | "
-                 + " | ".join(f"{s} disk" for s in scenarios) + " |")
+    lines = [
+        "",
+        "Peak RSS of the worker process (MiB; in brackets: after importing the SDK and the backend, "
+        "before any work), and disk (the file and its companion files) after close -> after reopening "
+        "and clear_session -> after writing as much again into another session and clearing it:",
+        "",
+    ]
+    lines.append(
+        "| backend | "
+        + " | ".join(f"{s} RSS" for s in scenarios)
+        + " | "
+        + " | ".join(f"{s} disk" for s in scenarios)
+        + " |"
+    )
     lines.append("|---|" + "---:|" * (2 * len(scenarios)))
     for backend in present:
         row = [LABELS[backend]]
@@ -258,9 +341,12 @@ def _resources(summary: dict[str, Any], present: list[str]) -> list[str]:
             row.append("-" if got is None else f"{got['rss_peak_mib']:.0f} ({got['rss_baseline_mib']:.0f})")
         for scenario in scenarios:
             got = summary["resources"][scenario].get(backend)
-            row.append("-" if got is None else
-                       f"{_size(got['disk_after_close_bytes'])} -> {_size(got['disk_after_clear_bytes'])}"
-                       f" -> {_size(got['disk_after_refill_clear_bytes'])}")
+            row.append(
+                "-"
+                if got is None
+                else f"{_size(got['disk_after_close_bytes'])} -> {_size(got['disk_after_clear_bytes'])}"
+                f" -> {_size(got['disk_after_refill_clear_bytes'])}"
+            )
         lines.append("| " + " | ".join(row) + " |")
     return lines
 
@@ -279,8 +365,10 @@ def _targets(summary: dict[str, Any]) -> list[str]:
                 measured += f"; sync {check['sync_over_raw_sync'] - 1:+.0%}"
             floor = "-"
         else:
-            measured = (f"{_size(check['before_bytes'])} -> {_size(check['after_bytes'])} "
-                        f"-> {_size(check['after_refill_clear_bytes'])}")
+            measured = (
+                f"{_size(check['before_bytes'])} -> {_size(check['after_bytes'])} "
+                f"-> {_size(check['after_refill_clear_bytes'])}"
+            )
             floor = "-"
         cells = (check["target"], check["scenario"], check["op"], measured, floor, check["verdict"])
         lines.append("| " + " | ".join(cells) + " |")

@@ -144,8 +144,13 @@ async def run_scenario(backend: Any, config: dict[str, Any]) -> dict[str, Any]:
     stored += sum(added)
     await timed("get_items(limit=20)", lambda: subject.get_items(limit=20), reps)
     # A full read of thousands of items is not a cheap operation: a quarter of the reps.
-    await timed("get_items() full", lambda: subject.get_items(), reps if stored <= 1_000 else max(5, reps // 4))
-    _check(len(await subject.get_items(limit=20)) == min(20, stored), "get_items(limit=20) returned too few items")
+    await timed(
+        "get_items() full", lambda: subject.get_items(), reps if stored <= 1_000 else max(5, reps // 4)
+    )
+    _check(
+        len(await subject.get_items(limit=20)) == min(20, stored),
+        "get_items(limit=20) returned too few items",
+    )
     _check(len(await subject.get_items()) == stored, f"get_items() did not return the {stored} items stored")
     await timed("pop_item", lambda: subject.pop_item(), min(reps, max(1, stored - 20)))
     stored -= len(ops["pop_item"])
@@ -236,7 +241,10 @@ def peer_python(venv: Path, install: bool) -> tuple[Path | None, str]:
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, capture_output=True)
         subprocess.run(
             [str(python), "-m", "pip", "install", "-q", PEER_REQUIREMENT],
-            check=True, capture_output=True, text=True, timeout=900,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=900,
         )
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
         detail = (getattr(exc, "stderr", None) or str(exc)).strip().splitlines()[-1:]
@@ -253,24 +261,49 @@ def default_peer_venv() -> Path:
 
 
 def scenarios(args: argparse.Namespace) -> list[dict[str, Any]]:
-    common = {"reps": args.reps, "budget_s": args.budget, "open_reps": args.open_reps, "reopen_reps": args.reopen_reps}
+    common = {
+        "reps": args.reps,
+        "budget_s": args.budget,
+        "open_reps": args.open_reps,
+        "reopen_reps": args.reopen_reps,
+    }
     out = [{"name": f"N={n:,}", "kind": "single", "n": n, **common} for n in args.sizes]
     if args.sessions:
         name = f"{args.sessions}x{args.per_session}"
-        out.append({"name": name, "kind": "many", "sessions": args.sessions, "per_session": args.per_session, **common})
+        out.append(
+            {
+                "name": name,
+                "kind": "many",
+                "sessions": args.sessions,
+                "per_session": args.per_session,
+                **common,
+            }
+        )
     return out
 
 
-def run_worker(python: Path, name: str, config: dict[str, Any], workdir: Path, timeout: float) -> dict[str, Any]:
+def run_worker(
+    python: Path, name: str, config: dict[str, Any], workdir: Path, timeout: float
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix=f"{name}-", dir=workdir) as scratch:
         out = Path(scratch) / "result.json"
         files = Path(scratch) / "files"
         files.mkdir()
-        command = [str(python), str(HERE / "sessions.py"), "--worker", name,
-                   "--config", json.dumps({**config, "workdir": str(files)}), "--json-out", str(out)]
+        command = [
+            str(python),
+            str(HERE / "sessions.py"),
+            "--worker",
+            name,
+            "--config",
+            json.dumps({**config, "workdir": str(files)}),
+            "--json-out",
+            str(out),
+        ]
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=timeout, env=env, check=False
+            )
         except subprocess.TimeoutExpired:
             return {"backend": name, "scenario": config["name"], "error": f"timed out after {timeout:.0f} s"}
         if done.returncode != 0 or not out.exists():
@@ -306,14 +339,22 @@ def orchestrate(args: argparse.Namespace) -> dict[str, Any]:
                 result["round"] = round_index
                 runs.append(result)
                 status = result.get("error") or result.get("skipped") or "ok"
-                print(f"round {round_index + 1}/{args.rounds} {scenario['name']:>9} {name:<10} "
-                      f"{time.time() - t0:6.1f} s  {status}", file=sys.stderr, flush=True)
+                print(
+                    f"round {round_index + 1}/{args.rounds} {scenario['name']:>9} {name:<10} "
+                    f"{time.time() - t0:6.1f} s  {status}",
+                    file=sys.stderr,
+                    flush=True,
+                )
     if "peer" in args.backends:
         rounds = min(args.peer_rounds, args.rounds)
         larger = [s["name"] for s in scenarios(args) if not _peer_runs(args, s, 0)]
         notes.append(
             f"peer: {PEER_REQUIREMENT} in {rounds} of {args.rounds} round(s)"
-            + (f"; not run on {', '.join(larger)} (--peer-max-items {args.peer_max_items:,})" if larger else "")
+            + (
+                f"; not run on {', '.join(larger)} (--peer-max-items {args.peer_max_items:,})"
+                if larger
+                else ""
+            )
         )
     notes.append(
         f"a timed series stops early (after at least 3 samples) once it has taken {args.budget:g} s "
@@ -355,7 +396,9 @@ def machine(peer: Path | None) -> dict[str, Any]:
     try:
         meminfo = Path("/proc/meminfo").read_text().split()
         info["memory_gib"] = round(int(meminfo[meminfo.index("MemTotal:") + 1]) / 2**20, 1)
-        cpu = [line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")]
+        cpu = [
+            line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")
+        ]
         info["cpu"] = cpu[0].split(":", 1)[1].strip() if cpu else platform.processor()
     except (OSError, ValueError):
         pass
@@ -363,26 +406,42 @@ def machine(peer: Path | None) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="N=100 and 10x10 only, 1 round, 5 reps, no peer")
-    parser.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[100, 1_000, 10_000])
-    parser.add_argument("--sessions", type=int, default=200, help="sessions in the many-sessions file (0: skip it)")
+    parser.add_argument(
+        "--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[100, 1_000, 10_000]
+    )
+    parser.add_argument(
+        "--sessions", type=int, default=200, help="sessions in the many-sessions file (0: skip it)"
+    )
     parser.add_argument("--per-session", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--reps", type=int, default=20, help="repetitions of a cheap operation per round")
     parser.add_argument("--open-reps", type=int, default=3, help="new files opened per round")
     parser.add_argument("--reopen-reps", type=int, default=3, help="reopens per round")
-    parser.add_argument("--budget", type=float, default=20.0, help="seconds after which a timed series stops early")
+    parser.add_argument(
+        "--budget", type=float, default=20.0, help="seconds after which a timed series stops early"
+    )
     parser.add_argument("--backends", type=lambda s: s.split(","), default=list(ORDER))
     parser.add_argument("--no-peer", action="store_true", help="leave the published peer out")
-    parser.add_argument("--no-peer-install", action="store_true", help="use the peer's venv only if it exists")
+    parser.add_argument(
+        "--no-peer-install", action="store_true", help="use the peer's venv only if it exists"
+    )
     parser.add_argument("--peer-venv", type=Path, default=default_peer_venv())
     parser.add_argument("--peer-max-items", type=int, default=10_000, help="largest scenario the peer runs")
-    parser.add_argument("--peer-rounds", type=int, default=2,
-                        help="rounds the peer takes part in (its costs are seconds: noise matters little)")
+    parser.add_argument(
+        "--peer-rounds",
+        type=int,
+        default=2,
+        help="rounds the peer takes part in (its costs are seconds: noise matters little)",
+    )
     parser.add_argument("--workdir", help="where the database files go (default: the temp directory)")
     parser.add_argument("--worker-timeout", type=float, default=3600)
-    parser.add_argument("--json-out", type=Path, help="the JSON's path (default: benchmarks/results/<time>.json)")
+    parser.add_argument(
+        "--json-out", type=Path, help="the JSON's path (default: benchmarks/results/<time>.json)"
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -20,8 +20,8 @@ from agents import Agent, Runner, set_tracing_disabled
 from agents.testing import ModelStep, ScriptedModel, assistant_message
 from agents.testing.model import ModelCall
 
-from .storage.codec import search_text
 from .session import CitadelSession
+from .storage.codec import search_text
 from .store import CitadelSessionStore
 
 DEMO_KEY = "demo passphrase (not a secret; use CITADEL_KEY for real files)"
@@ -101,7 +101,16 @@ def main(directory: str | None = None) -> int:
         print(f"Encrypted session file: {path}")
         for step, title in steps:
             print(f"\n[{title}]", flush=True)
-            command = [sys.executable, "-m", "citadeldb_openai_agents", "demo", "--step", step, "--file", str(path)]
+            command = [
+                sys.executable,
+                "-m",
+                "citadeldb_openai_agents",
+                "demo",
+                "--step",
+                step,
+                "--file",
+                str(path),
+            ]
             completed = subprocess.run(command, check=False)
             if completed.returncode != 0:
                 return completed.returncode

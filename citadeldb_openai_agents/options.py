@@ -31,7 +31,12 @@ def check_ttl(seconds: Any) -> float | None:
     """A TTL as the store takes it: a positive, finite number of seconds, or None (keep forever)."""
     if seconds is None:
         return None
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds <= 0:
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, (int, float))
+        or not math.isfinite(seconds)
+        or seconds <= 0
+    ):
         raise ValueError(f"ttl must be a positive number of seconds or None (keep forever), not {seconds!r}")
     return float(seconds)
 

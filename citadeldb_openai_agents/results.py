@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+
+# A long operation's progress: called with (done, total) as it goes.
+Progress = Callable[[int, int], None]
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,12 @@ class CitadelSession:
             if store is not None:
                 given = [
                     name
-                    for name, value in (("db_path", db_path), ("key", key), ("embedder", embedder), ("ttl", ttl))
+                    for name, value in (
+                        ("db_path", db_path),
+                        ("key", key),
+                        ("embedder", embedder),
+                        ("ttl", ttl),
+                    )
                     if value is not None
                 ]
                 if given:
@@ -109,16 +114,12 @@ class CitadelSession:
     async def pop_item(self) -> TResponseInputItem | None:
         """Remove the newest item, erasing its key, and return it (None when empty)."""
         self._check_open()
-        return await _complete_despite_cancellation(
-            asyncio.to_thread(self._store._pop_item, self.session_id)
-        )
+        return await _complete_despite_cancellation(asyncio.to_thread(self._store._pop_item, self.session_id))
 
     async def clear_session(self) -> None:
         """Remove every item of this session, erasing their keys."""
         self._check_open()
-        await _complete_despite_cancellation(
-            asyncio.to_thread(self._store._clear_session, self.session_id)
-        )
+        await _complete_despite_cancellation(asyncio.to_thread(self._store._clear_session, self.session_id))
 
     async def search(self, query: str, *, limit: int = 5) -> list[TResponseInputItem]:
         """This session's items most relevant to `query`, best first.
@@ -146,9 +147,7 @@ class CitadelSession:
         # First: in a forked child, closed or not, the answer is the fork and its fix.
         self._store._check_process()
         if self._closed:
-            raise SessionClosedError(
-                "this CitadelSession is closed; create a new one to continue."
-            )
+            raise SessionClosedError("this CitadelSession is closed; create a new one to continue.")
         self._store._check_open()
 
     def __repr__(self) -> str:

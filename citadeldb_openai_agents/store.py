@@ -19,10 +19,10 @@ from .embedders.protocol import EmbedderIdentity
 from .embedders.providers import resolve_embedder
 from .errors import SessionClosedError, SessionNotFoundError
 from .options import Argon2Profile, SyncMode, check_passphrase, check_ttl
-from .results import Erasure, IntegrityReport, ReembedSummary, SessionSummary
+from .results import Erasure, IntegrityReport, Progress, ReembedSummary, SessionSummary
 from .storage import local
 from .storage.codec import decode_item, decode_items, encode_item, is_user_message, search_text
-from .storage.local import LocalFile, Progress, database_options
+from .storage.local import LocalFile, database_options
 
 if TYPE_CHECKING:
     # Imported for annotations only: the operator CLI never needs the Agents SDK loaded.
@@ -112,9 +112,7 @@ class CitadelSessionStore:
     def closed(self) -> bool:
         return self._closed
 
-    def session(
-        self, session_id: str, *, session_settings: SessionSettings | None = None
-    ) -> CitadelSession:
+    def session(self, session_id: str, *, session_settings: SessionSettings | None = None) -> CitadelSession:
         """A session of this store (created on its first write; nothing is written now)."""
         from .session import CitadelSession
 
@@ -317,7 +315,6 @@ class CitadelSessionStore:
     def _search(self, session_id: str, query: str, limit: int) -> list[Any]:
         payloads = self._file.search(session_id, query, limit)
         return decode_items(payloads)
-
 
 
 def verify_file(path: str | os.PathLike[str], key: str) -> IntegrityReport:

@@ -81,7 +81,8 @@ def readback_still_finds(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]
     def verify(handle: _MemoryHandle, region: str, ids: list[int]) -> list[Any]:
         return [
             ForgedAttestation(found.atom_id, "authentic")
-            if found.atom_id in still_there and found.verdict == "missing" else found
+            if found.atom_id in still_there and found.verdict == "missing"
+            else found
             for found in handle.__getattr__("verify")(region, ids)  # Citadel's own verify
         ]
 

@@ -102,7 +102,7 @@ async def use(path: Path, held: dict[str, list[dict[str, Any]]]) -> str:
             report = store.verify()
     except CitadelSessionError:
         return "silent" if different else "reported"
-    except Exception as exc:  # noqa: BLE001 - what is being measured
+    except Exception as exc:
         return f"raw:{type(exc).__module__}.{type(exc).__name__}"
     if different:
         return "silent"
@@ -125,7 +125,9 @@ def damaged_copy(original: Path, directory: Path, suffix: str, damage: str) -> P
 
 
 def damages(size: int, offsets: int) -> list[str]:
-    flips = sorted({f"flip@{(size * k) // offsets}" for k in range(offsets)}, key=lambda d: int(d.split("@")[1]))
+    flips = sorted(
+        {f"flip@{(size * k) // offsets}" for k in range(offsets)}, key=lambda d: int(d.split("@")[1])
+    )
     cuts = sorted({f"truncate@{int(size * fraction)}" for fraction in TRUNCATIONS})
     return flips + cuts
 

@@ -115,7 +115,9 @@ def assert_names_file_and_fix(error: BaseException, path: Path) -> None:
 WRONG = ["not the passphrase", KEY + "\n", KEY.upper(), " " + KEY, KEY[:-1]]
 
 
-@pytest.mark.parametrize("wrong", WRONG, ids=["other", "trailing-newline", "upper", "leading-space", "prefix"])
+@pytest.mark.parametrize(
+    "wrong", WRONG, ids=["other", "trailing-newline", "upper", "leading-space", "prefix"]
+)
 async def test_a_wrong_passphrase_leaves_every_file_byte_identical(original, wrong: str) -> None:
     path, held, _ = original
     before = snapshot(path.parent)
@@ -128,6 +130,7 @@ async def test_a_wrong_passphrase_leaves_every_file_byte_identical(original, wro
 
 
 # -- damaged pages ---------------------------------------------------------------------
+
 
 async def sweep_damaged_pages(original, tmp_path: Path, samples: int | None) -> dict[str, list[int]]:
     """Damage one page at a time (`samples` pages spread over those the file uses, or all);
@@ -158,7 +161,9 @@ async def sweep_damaged_pages(original, tmp_path: Path, samples: int | None) -> 
     return outcomes
 
 
-async def test_a_damaged_page_is_reported_and_a_restore_brings_everything_back(original, tmp_path: Path) -> None:
+async def test_a_damaged_page_is_reported_and_a_restore_brings_everything_back(
+    original, tmp_path: Path
+) -> None:
     outcomes = await sweep_damaged_pages(original, tmp_path, samples=8)
     assert len(outcomes["reported"]) >= 2, outcomes
 
@@ -208,8 +213,11 @@ async def test_damaged_header_is_reported_at_open(original) -> None:
 
 # -- companion files -------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("companion", [".citadel-keys", ".citadel-regions", ".citadel-atomkeys"])
-async def test_a_missing_companion_file_is_named_and_putting_it_back_loses_nothing(original, companion: str) -> None:
+async def test_a_missing_companion_file_is_named_and_putting_it_back_loses_nothing(
+    original, companion: str
+) -> None:
     path, held, _ = original
     lost = Path(f"{path}{companion}")
     kept_aside = lost.read_bytes()

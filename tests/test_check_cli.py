@@ -33,7 +33,11 @@ def environment(**variables: str) -> dict[str, str]:
 
 def check(*args: str, cwd: Path, **variables: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        command(*args), cwd=cwd, env=environment(**variables), capture_output=True, text=True,
+        command(*args),
+        cwd=cwd,
+        env=environment(**variables),
+        capture_output=True,
+        text=True,
         timeout=60,
     )
 
@@ -48,7 +52,10 @@ def write(path: Path, text: str, mode: int = 0o600) -> Path:
 def deployed(tmp_path: Path) -> Path:
     """A directory as an operator leaves it: citadel.toml, a key file, a database with one session."""
     write(tmp_path / "citadel.key", PASSPHRASE + "\n")
-    write(tmp_path / "citadel.toml", 'path = "app.cdl"\nkey_file = "citadel.key"\nargon2_profile = "iot"\nttl = "7d"\n')
+    write(
+        tmp_path / "citadel.toml",
+        'path = "app.cdl"\nkey_file = "citadel.key"\nargon2_profile = "iot"\nttl = "7d"\n',
+    )
     with from_config(tmp_path / "citadel.toml") as store:
         asyncio.run(store.session("user-123").add_items([{"role": "user", "content": "hello"}]))
     return tmp_path
@@ -73,7 +80,10 @@ def test_json_reports_sessions_and_the_size_of_the_file_and_its_companions(deplo
     report = json.loads(result.stdout)
     assert report["ok"] is True
     assert report["settings"]["key"] == {
-        "value": "set", "source": "key file", "detail": str(deployed / "citadel.key"), "overrides": [],
+        "value": "set",
+        "source": "key file",
+        "detail": str(deployed / "citadel.key"),
+        "overrides": [],
     }
     assert report["settings"]["ttl"]["value"] == 7 * 86400
     database = report["database"]
@@ -124,7 +134,11 @@ def held(deployed: Path) -> Iterator[subprocess.Popen[str]]:
     service = "import sys\nfrom citadeldb_openai_agents import from_config\nstore = from_config()\n"
     process = subprocess.Popen(
         [sys.executable, "-c", service + "print('serving', flush=True)\nsys.stdin.readline()\n"],
-        cwd=deployed, env=environment(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        cwd=deployed,
+        env=environment(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert process.stdout is not None and process.stdout.readline() == "serving\n"
     yield process
@@ -180,14 +194,17 @@ def test_a_relative_path_in_the_toml_file_is_shown_resolved_against_it_without_a
 def test_create_false_with_no_database_is_a_problem_naming_the_path_and_both_sources(
     tmp_path: Path,
 ) -> None:
-    result = check(cwd=tmp_path, CITADEL_KEY=PASSPHRASE, CITADEL_PATH=str(tmp_path / "typo.cdl"),
-                   CITADEL_CREATE="false")
+    result = check(
+        cwd=tmp_path, CITADEL_KEY=PASSPHRASE, CITADEL_PATH=str(tmp_path / "typo.cdl"), CITADEL_CREATE="false"
+    )
 
     assert result.returncode == 1
     assert re.search(r"\n  create +false +environment variable CITADEL_CREATE\n", result.stdout)
     assert "does not exist, and create is false" in result.stdout
-    assert f"there is no database at {tmp_path / 'typo.cdl'} (path from environment variable " \
+    assert (
+        f"there is no database at {tmp_path / 'typo.cdl'} (path from environment variable "
         "CITADEL_PATH); create is false (from environment variable CITADEL_CREATE)" in result.stderr
+    )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -234,8 +251,11 @@ LEAK_SCENARIOS = {
         'argon2_profile = "fast"\n',
     ),
     "a bad factory": (
-        {"CITADEL_KEY": PASSPHRASE, "CITADEL_EMBEDDER__PROVIDER": "import",
-         "CITADEL_EMBEDDER__FACTORY": "nope:make"},
+        {
+            "CITADEL_KEY": PASSPHRASE,
+            "CITADEL_EMBEDDER__PROVIDER": "import",
+            "CITADEL_EMBEDDER__FACTORY": "nope:make",
+        },
         "",
     ),
 }
@@ -257,8 +277,12 @@ def test_the_passphrase_never_appears_in_any_output(deployed: Path) -> None:
         args = ("--json",) if number % 2 else ()
         # Started together: each run pays an interpreter start-up.
         process = subprocess.Popen(
-            command(*args), cwd=directory, env=environment(**variables),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            command(*args),
+            cwd=directory,
+            env=environment(**variables),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         runs.append((name, process))
     exit_codes = {}

@@ -77,7 +77,9 @@ async def actor(name: str, store: CitadelSessionStore, journal: Journal, deadlin
         for _ in range(rng.randint(1, 4)):
             counter += 1
             word = rng.choice(WORDS)
-            batch.append({"role": "user", "content": f"{word} {counter}", "s": session_id, "w": name, "n": counter})
+            batch.append(
+                {"role": "user", "content": f"{word} {counter}", "s": session_id, "w": name, "n": counter}
+            )
         return batch
 
     while time.monotonic() < deadline:
@@ -113,7 +115,13 @@ async def actor(name: str, store: CitadelSessionStore, journal: Journal, deadlin
     journal.owned_models.update(model)
 
 
-async def mutate_owned(session_id: str, store: CitadelSessionStore, model: dict[str, list[dict[str, Any]]], new_items, rng: random.Random) -> None:
+async def mutate_owned(
+    session_id: str,
+    store: CitadelSessionStore,
+    model: dict[str, list[dict[str, Any]]],
+    new_items,
+    rng: random.Random,
+) -> None:
     """The owner's exact model: every answer must match it."""
     session = store.session(session_id)
     expected = model[session_id]

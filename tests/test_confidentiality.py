@@ -14,21 +14,17 @@ import shutil
 from pathlib import Path
 
 import citadeldb
+from test_erasure import memory_of, stored_ids, verdicts_after_recreating
 
 from citadeldb_openai_agents import CitadelSessionStore
 
 from conftest import KEY
-from test_erasure import memory_of, stored_ids, verdicts_after_recreating
 
 
 def encodings(secret: str) -> set[bytes]:
     """Every form of `secret` an engine could write: UTF-8, UTF-16 both ways, JSON-escaped."""
     escaped = json.dumps(secret)[1:-1]
-    return {
-        form.encode(codec)
-        for form in {secret, escaped}
-        for codec in ("utf-8", "utf-16-le", "utf-16-be")
-    }
+    return {form.encode(codec) for form in {secret, escaped} for codec in ("utf-8", "utf-16-le", "utf-16-be")}
 
 
 def files_holding(directory: Path, secrets_: list[str]) -> dict[str, list[str]]:
@@ -61,13 +57,20 @@ async def test_no_file_holds_a_marker_or_a_session_id(make_store, db_path: Path)
             [
                 {"role": "user", "content": f"my diagnosis is {marker}"},
                 {"role": "assistant", "content": [{"type": "output_text", "text": f"noted, {accented}"}]},
-                {"type": "function_call", "call_id": "c1", "name": "lookup", "arguments": json.dumps({"q": marker})},
+                {
+                    "type": "function_call",
+                    "call_id": "c1",
+                    "name": "lookup",
+                    "arguments": json.dumps({"q": marker}),
+                },
                 {"type": "function_call_output", "call_id": "c1", "output": f"record {marker}"},
                 {marker: accented, "nested": {"key": [marker]}},
             ]
         )
         for start in range(0, 300, 20):  # a second segment, and enough writes to flush pages
-            await session.add_items([{"role": "user", "content": f"turn {n} about {marker}"} for n in range(start, start + 20)])
+            await session.add_items(
+                [{"role": "user", "content": f"turn {n} about {marker}"} for n in range(start, start + 20)]
+            )
         assert await session.search(marker, limit=3)
         await session.pop_item()
     store.backup(db_path.parent / "backup.cdl")
@@ -140,12 +143,16 @@ async def test_each_file_names_the_same_session_differently(tmp_path: Path) -> N
     assert in_first.isdisjoint(in_second)
 
 
-async def test_what_clear_session_erased_is_missing_for_citadel_and_from_the_files(make_store, db_path: Path) -> None:
+async def test_what_clear_session_erased_is_missing_for_citadel_and_from_the_files(
+    make_store, db_path: Path
+) -> None:
     marker = f"ERASE-ME-{secrets.token_hex(8)}"
     store = make_store()
     session = store.session("to-erase")
     for start in range(0, 400, 100):
-        await session.add_items([{"role": "user", "content": f"{marker} {n}"} for n in range(start, start + 100)])
+        await session.add_items(
+            [{"role": "user", "content": f"{marker} {n}"} for n in range(start, start + 100)]
+        )
     await store.session("kept").add_items([{"role": "user", "content": "unrelated"}])
     regions = stored_ids(store, "to-erase")
     catalog_id = store._file._layout.state("to-erase").catalog_id
@@ -174,7 +181,9 @@ async def test_pop_item_and_erase_session_leave_citadel_nothing_to_verify(store:
     assert verdicts_after_recreating(store, {region: ids}) == {"missing"}
 
 
-async def test_a_backup_taken_before_an_erasure_keeps_its_own_keys(make_store, db_path: Path, tmp_path: Path) -> None:
+async def test_a_backup_taken_before_an_erasure_keeps_its_own_keys(
+    make_store, db_path: Path, tmp_path: Path
+) -> None:
     """The scope of erasure the README documents: copies made before it are not reached."""
     store = make_store()
     await store.session("s").add_items([{"role": "user", "content": "in the backup"}])

@@ -98,7 +98,10 @@ class Writers:
         self._log = open(log, "w")  # noqa: SIM115 - closed in `close`
         self.process = subprocess.Popen(
             [sys.executable, "-c", WRITERS, str(path), KEY, ",".join(APPENDED), CHURNED, POPPED],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
         )
         self._lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read_lines, daemon=True).start()
@@ -180,8 +183,11 @@ def whole_batches(items: list[dict[str, Any]], session_id: str) -> list[tuple[in
         at = items[position]["at"]
         batch = items[position : position + at["of"]]
         expected = [
-            {"role": "user", "content": f"{session_id} turn {at['batch']}.{i}",
-             "at": {"run": at["run"], "batch": at["batch"], "i": i, "of": at["of"]}}
+            {
+                "role": "user",
+                "content": f"{session_id} turn {at['batch']}.{i}",
+                "at": {"run": at["run"], "batch": at["batch"], "i": i, "of": at["of"]},
+            }
             for i in range(at["of"])
         ]
         assert batch == expected, f"{session_id}: batch {at} is not whole at position {position}"

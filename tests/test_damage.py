@@ -24,7 +24,6 @@ from typing import Any
 
 import citadeldb
 import pytest
-from damage_sweep import sweep
 
 from citadeldb_openai_agents import (
     CitadelSessionError,
@@ -35,6 +34,8 @@ from citadeldb_openai_agents import (
 )
 from citadeldb_openai_agents.cli import main
 
+from damage_sweep import sweep
+
 KEY = "correct horse battery staple"
 # citadeldb 2.7.0's -atomkeys and -regions (measured): a 1 KiB header, then a 1 KiB slot per key,
 # whose live copy starts half-way: 16 bytes flipped there make exactly that one key unreadable.
@@ -44,7 +45,9 @@ SESSIONS = {name: 40 for name in ("alice", "bob", "carol")}
 
 
 def items(session_id: str, count: int) -> list[dict[str, Any]]:
-    return [{"role": "user" if n % 2 == 0 else "assistant", "content": f"{session_id} {n}"} for n in range(count)]
+    return [
+        {"role": "user" if n % 2 == 0 else "assistant", "content": f"{session_id} {n}"} for n in range(count)
+    ]
 
 
 @pytest.fixture
@@ -160,7 +163,9 @@ def refused(path: Path) -> CorruptDatabaseError:
     return caught.value
 
 
-def run_verify(path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *flags: str) -> tuple[int, str]:
+def run_verify(
+    path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *flags: str
+) -> tuple[int, str]:
     for name in list(os.environ):
         if name.upper().startswith("CITADEL_"):
             monkeypatch.delenv(name)
@@ -193,7 +198,9 @@ def test_no_damage_to_any_file_is_silent_or_raw_at_200_offsets(tmp_path: Path) -
 
 
 @pytest.mark.parametrize("which", [0, 17, -1], ids=["oldest", "middle", "newest"])
-def test_an_unreadable_item_is_reported_at_open_and_nothing_is_changed(original, which: int, monkeypatch, capsys) -> None:
+def test_an_unreadable_item_is_reported_at_open_and_nothing_is_changed(
+    original, which: int, monkeypatch, capsys
+) -> None:
     path, backup = original
     damage_atom(path, Citadel(path).segments_of("bob"), which)
     before = files(path.parent)
@@ -216,7 +223,11 @@ def test_an_unreadable_item_is_reported_at_open_and_nothing_is_changed(original,
     code, output = run_verify(path, monkeypatch, capsys, "--json")
     assert code == 1
     sessions = {s["session_id"]: s for s in json.loads(output)["sessions"]}
-    assert (sessions["bob"]["expected"], sessions["bob"]["readable"], sessions["bob"]["missing"]) == (40, 39, 1)
+    assert (sessions["bob"]["expected"], sessions["bob"]["readable"], sessions["bob"]["missing"]) == (
+        40,
+        39,
+        1,
+    )
 
     restore(backup, path)
     assert read_all(path) == {sid: items(sid, count) for sid, count in SESSIONS.items()}
@@ -300,8 +311,11 @@ async def test_a_read_that_comes_back_short_raises(make_store, fetch_loses_one_a
     for start in range(0, 600, 100):  # three segments
         await session.add_items(items("s", 600)[start : start + 100])
     await store.session("other").add_items(items("other", 3))
-    ids = [hit.id for name in store._file._layout.segment_regions(store._file._layout.state("s"))
-           for hit in store._file._database.memory.fetch(name, "item", limit=1000)]
+    ids = [
+        hit.id
+        for name in store._file._layout.segment_regions(store._file._layout.state("s"))
+        for hit in store._file._database.memory.fetch(name, "item", limit=1000)
+    ]
     store.close()
     store = make_store()
     session = store.session("s")
@@ -323,7 +337,9 @@ async def test_a_read_that_comes_back_short_raises(make_store, fetch_loses_one_a
     assert (damaged.session_id, damaged.expected, damaged.readable) == ("s", 600, 598)
 
 
-async def test_a_fresh_process_finds_the_newest_items_missing_too(make_store, fetch_loses_one_atom: list[int]) -> None:
+async def test_a_fresh_process_finds_the_newest_items_missing_too(
+    make_store, fetch_loses_one_atom: list[int]
+) -> None:
     """The tail's ids are looked up once per process: that lookup is checked as well."""
     store = make_store()
     await store.session("s").add_items(items("s", 10))

@@ -8,10 +8,16 @@ import sys
 
 
 def test_demo_remembers_across_processes_then_forgets() -> None:
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY",) and not k.startswith("CITADEL_")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY",) and not k.startswith("CITADEL_")
+    }
     done = subprocess.run(
         [sys.executable, "-m", "citadeldb_openai_agents", "demo"],
-        capture_output=True, text=True, timeout=300, env=env, check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     out = done.stdout

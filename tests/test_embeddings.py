@@ -10,21 +10,21 @@ from __future__ import annotations
 import sys
 import types
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import citadeldb
 import numpy as np
 import pytest
 
-from citadeldb_openai_agents import CitadelSessionStore, EmbedderMismatchError
-from citadeldb_openai_agents import reembed
+from citadeldb_openai_agents import CitadelSessionStore, EmbedderMismatchError, reembed
+
 from stub_embedders import StubEmbedder
 
 
 class FakeSentenceTransformer:
     """Records how it is called; vectors say which text and prompt they came from."""
 
-    instances: list[FakeSentenceTransformer] = []
+    instances: ClassVar[list[FakeSentenceTransformer]] = []
 
     def __init__(self, path: str, device: str, local_files_only: bool) -> None:
         assert local_files_only, "the model must never be fetched from a hub"
@@ -86,7 +86,9 @@ def test_unknown_model_names_the_fix(fake_model: Path) -> None:
         SentenceTransformerEmbedder("no-such-model-anywhere")
 
 
-def test_provider_from_settings(fake_model: Path, clean_environment: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_provider_from_settings(
+    fake_model: Path, clean_environment: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from citadeldb_openai_agents import CitadelSettings, ConfigurationError
     from citadeldb_openai_agents.config import build_embedder
 
@@ -94,7 +96,7 @@ def test_provider_from_settings(fake_model: Path, clean_environment: None, monke
     settings = CitadelSettings(key="k", embedder=table)
     embedder = build_embedder(settings)
     assert embedder.model_id.startswith("sentence-transformers:tiny-model@")
-    with pytest.raises(ConfigurationError, match="embedder.dim"):
+    with pytest.raises(ConfigurationError, match=r"embedder\.dim"):
         build_embedder(CitadelSettings(key="k", embedder={**table, "dim": 8}))
     with pytest.raises(ConfigurationError, match="sentence-transformers"):
         build_embedder(CitadelSettings(key="k", embedder={"provider": "mock", "model": "x"}))
@@ -107,7 +109,9 @@ async def test_reembed_keeps_every_item(make_store, db_path: Path, key: str) -> 
     store = make_store()
     for sid in ("a", "b"):
         session = store.session(sid)
-        await session.add_items([{"content": f"{sid} note {n}"} for n in range(299)] + [{"content": f"{sid}: the llama sleeps"}])
+        await session.add_items(
+            [{"content": f"{sid} note {n}"} for n in range(299)] + [{"content": f"{sid}: the llama sleeps"}]
+        )
         await session.add_items([{"type": "function_call", "name": "f", "arguments": "{}", "call_id": "c"}])
     before = {sid: await store.session(sid).get_items() for sid in ("a", "b")}
     store.close()
@@ -135,16 +139,24 @@ async def test_reembed_embeds_each_reply_with_its_question(make_store, db_path: 
     assert "Under the blue pot." not in wider.embedded
 
 
-async def test_reembed_of_a_file_that_kept_the_question_in_the_keyword_text(make_store, db_path: Path, key: str) -> None:
+async def test_reembed_of_a_file_that_kept_the_question_in_the_keyword_text(
+    make_store, db_path: Path, key: str
+) -> None:
     store = make_store()
     await store.session("s").add_items([{"role": "user", "content": "where is the spare key?"}])
     # A reply as files written before 2026-11-30 stored it: its keyword text held the question.
     state = store._file._layout.state("s")
     [region] = store._file._layout.segment_regions(state)
-    store._file._database.memory.remember_batch(region, [{
-        "kind": "item", "text": "where is the spare key?\nUnder the blue pot.",
-        "payload": '{"role":"assistant","content":"Under the blue pot."}',
-    }])
+    store._file._database.memory.remember_batch(
+        region,
+        [
+            {
+                "kind": "item",
+                "text": "where is the spare key?\nUnder the blue pot.",
+                "payload": '{"role":"assistant","content":"Under the blue pot."}',
+            }
+        ],
+    )
     store.close()
     wider = StubEmbedder(dim=32)
     reembed(db_path, key, wider)
@@ -158,26 +170,32 @@ async def test_real_model_finds_an_answer_sharing_no_word(make_store) -> None:
 
     store = make_store(embedder=SentenceTransformerEmbedder())
     session = store.session("ops")
-    await session.add_items([
-        {"role": "user", "content": "Can you book a table for two on Friday?"},
-        {"role": "assistant", "content": "The deployment failed because the disk was full."},
-        {"role": "user", "content": "What is a good pasta recipe?"},
-    ])
+    await session.add_items(
+        [
+            {"role": "user", "content": "Can you book a table for two on Friday?"},
+            {"role": "assistant", "content": "The deployment failed because the disk was full."},
+            {"role": "user", "content": "What is a good pasta recipe?"},
+        ]
+    )
     hits = await session.search("why did the release break?", limit=1)
     assert hits == [{"role": "assistant", "content": "The deployment failed because the disk was full."}]
 
 
 @pytest.mark.embeddings
-async def test_real_model_after_reembed_finds_a_reply_by_its_question(make_store, db_path: Path, key: str) -> None:
+async def test_real_model_after_reembed_finds_a_reply_by_its_question(
+    make_store, db_path: Path, key: str
+) -> None:
     from citadeldb_openai_agents import SentenceTransformerEmbedder
 
     store = make_store()  # written with the default MockEmbedder
-    await store.session("s").add_items([
-        {"role": "user", "content": "Why did last night's release break?"},
-        {"role": "assistant", "content": "The disk on the build server was full."},
-        {"role": "user", "content": "Can you suggest a pasta recipe?"},
-        {"role": "assistant", "content": "Try cacio e pepe."},
-    ])
+    await store.session("s").add_items(
+        [
+            {"role": "user", "content": "Why did last night's release break?"},
+            {"role": "assistant", "content": "The disk on the build server was full."},
+            {"role": "user", "content": "Can you suggest a pasta recipe?"},
+            {"role": "assistant", "content": "Try cacio e pepe."},
+        ]
+    )
     store.close()
     model = SentenceTransformerEmbedder()
     assert reembed(db_path, key, model).items == 4

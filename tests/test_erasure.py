@@ -53,7 +53,7 @@ async def test_clear_session_destroys_every_key(store: CitadelSessionStore, db_p
     before = keys_file.read_bytes()
     await session.clear_session()
     after = keys_file.read_bytes()
-    changed = sum(a != b for a, b in zip(before, after))
+    changed = sum(a != b for a, b in zip(before, after, strict=False))  # the file may grow
     assert changed >= 600 * 16, "each erased atom's wrapped key slot must be overwritten"
     assert verdicts_after_recreating(store, regions) == {"missing"}
     assert await session.get_items() == []
@@ -104,7 +104,7 @@ async def test_erase_session_reports_a_readback_that_still_finds_an_erased_item(
 ) -> None:
     session = store.session("s")
     await session.add_items([{"n": n} for n in range(3)])
-    [(region, ids)] = stored_ids(store, "s").items()
+    [(_, ids)] = stored_ids(store, "s").items()
     readback_still_finds(ids[1])
     erasure = store.erase_session("s")
     assert erasure.readback_confirmed is False

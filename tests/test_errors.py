@@ -24,6 +24,7 @@ from citadeldb_openai_agents import (
     EmptyPassphraseError,
     WrongPassphraseError,
 )
+
 from stub_embedders import StubEmbedder
 
 
@@ -55,7 +56,9 @@ async def test_wrong_passphrase_says_so_and_changes_no_byte(make_store, db_path:
     assert await again.session("s").get_items() == [{"n": 1}]
 
 
-def test_same_file_with_another_passphrase_in_one_process(store: CitadelSessionStore, db_path: Path, key: str) -> None:
+def test_same_file_with_another_passphrase_in_one_process(
+    store: CitadelSessionStore, db_path: Path, key: str
+) -> None:
     with pytest.raises(WrongPassphraseError, match="already open in this process"):
         CitadelSession("s", db_path, "another passphrase")
     assert store.session_ids() == []
@@ -63,15 +66,23 @@ def test_same_file_with_another_passphrase_in_one_process(store: CitadelSessionS
 
 def test_file_held_by_another_process(db_path: Path, key: str) -> None:
     holder = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent("""
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
             import sys
             from citadeldb_openai_agents import CitadelSessionStore
             store = CitadelSessionStore(sys.argv[1], sys.argv[2], argon2_profile="iot")
             print("ready", flush=True)
             sys.stdin.readline()
             store.close()
-        """), str(db_path), key],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        """),
+            str(db_path),
+            key,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout.readline().strip() == "ready"
@@ -93,8 +104,15 @@ def test_missing_directory(tmp_path: Path, key: str) -> None:
     assert isinstance(caught.value, FileNotFoundError)
 
 
-def test_store_with_file_arguments_is_a_type_error(store: CitadelSessionStore, db_path: Path, key: str) -> None:
-    for kwargs in ({"db_path": db_path}, {"key": key}, {"ttl": 5}, {"embedder": citadeldb.MockEmbedder(dim=8)}):
+def test_store_with_file_arguments_is_a_type_error(
+    store: CitadelSessionStore, db_path: Path, key: str
+) -> None:
+    for kwargs in (
+        {"db_path": db_path},
+        {"key": key},
+        {"ttl": 5},
+        {"embedder": citadeldb.MockEmbedder(dim=8)},
+    ):
         with pytest.raises(TypeError, match="takes its file and settings from the store"):
             CitadelSession("s", store=store, **kwargs)
     with pytest.raises(TypeError, match="db_path and key"):
@@ -153,8 +171,12 @@ async def test_an_embedder_that_fails_names_itself_and_writes_nothing(make_store
     session = make_store(embedder=embedder).session("s")
     await session.add_items([{"role": "user", "content": "kept"}])
     embedder.failure = OSError("model.safetensors: No such file or directory")
-    with pytest.raises(EmbedderError, match=r"mock.*OSError: model.safetensors.*nothing was written") as caught:
-        await session.add_items([{"role": "user", "content": "lost"}, {"role": "assistant", "content": "too"}])
+    with pytest.raises(
+        EmbedderError, match=r"mock.*OSError: model.safetensors.*nothing was written"
+    ) as caught:
+        await session.add_items(
+            [{"role": "user", "content": "lost"}, {"role": "assistant", "content": "too"}]
+        )
     assert isinstance(caught.value, CitadelSessionError) and "check" in str(caught.value)
     with pytest.raises(EmbedderError, match="OSError"):
         await session.search("kept")
@@ -166,7 +188,9 @@ async def test_an_embedder_that_fails_names_itself_and_writes_nothing(make_store
 @pytest.mark.parametrize(
     ("vector", "cause"), [([1.0, 0.0], "2 dimensions, but declares dim 16"), ([float("nan")] * 16, "NaN")]
 )
-async def test_an_embedder_returning_bad_vectors_is_named(make_store, vector: list[float], cause: str) -> None:
+async def test_an_embedder_returning_bad_vectors_is_named(
+    make_store, vector: list[float], cause: str
+) -> None:
     embedder = StubEmbedder(dim=16)
     session = make_store(embedder=embedder).session("s")
     await session.add_items([{"role": "user", "content": "kept"}])
@@ -186,7 +210,7 @@ async def test_reembed_with_a_failing_embedder_keeps_the_file(make_store, db_pat
     store.close()
     broken = StubEmbedder(dim=16)
     broken.failure = OSError("model.safetensors: No such file or directory")
-    with pytest.raises(EmbedderError, match="OSError: model.safetensors.*finishes when run again"):
+    with pytest.raises(EmbedderError, match=r"OSError: model\.safetensors.*finishes when run again"):
         reembed(db_path, key, broken)
     store = make_store()
     assert await store.session("s").get_items() == [{"role": "user", "content": "kept"}]
@@ -197,7 +221,9 @@ async def test_reembed_with_a_failing_embedder_keeps_the_file(make_store, db_pat
     assert await reopened.session("s").search("kept", limit=1) == [{"role": "user", "content": "kept"}]
 
 
-def test_reprs_and_messages_never_hold_the_passphrase(store: CitadelSessionStore, key: str, db_path: Path) -> None:
+def test_reprs_and_messages_never_hold_the_passphrase(
+    store: CitadelSessionStore, key: str, db_path: Path
+) -> None:
     session = store.session("s")
     assert key not in repr(store) and key not in repr(session) and key not in repr(store._file._database)
     assert key not in repr(vars(store)) and key not in repr(vars(session))

@@ -161,7 +161,9 @@ def assert_forked_error(error: Any, path: Path, *, opening: bool = False, call: 
     assert KEY not in message and KEY not in repr(error)
 
 
-def every_call(store: CitadelSessionStore, session: CitadelSession, path: Path, backup: Path) -> dict[str, Any]:
+def every_call(
+    store: CitadelSessionStore, session: CitadelSession, path: Path, backup: Path
+) -> dict[str, Any]:
     """Each public call on an inherited store and session, and each way to open its file anew."""
     calls: dict[str, Callable[[], Any]] = {
         "store.session": lambda: store.session("child"),
@@ -328,7 +330,10 @@ def run_forking_script(code: str, *args: str) -> subprocess.CompletedProcess[str
     env = {k: v for k, v in os.environ.items() if not k.startswith("CITADEL_")}
     process = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(code), *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
         start_new_session=True,  # a process group of its own, children included
     )
     try:
@@ -344,7 +349,10 @@ def test_children_leaving_through_interpreter_shutdown_do_not_touch_the_parents_
     path = tmp_path / "agent.cdl"
     result = run_forking_script(CHILDREN_EXIT_NORMALLY, str(path), KEY)
     assert result.stdout.splitlines() == [
-        "child exit 0", "child exit 0", "child exit 0", "parent True True None"
+        "child exit 0",
+        "child exit 0",
+        "child exit 0",
+        "parent True True None",
     ], result.stdout + result.stderr
     assert KEY not in result.stdout + result.stderr
     reopened = run_python(OPEN_AND_REPORT, str(path), KEY)
@@ -430,12 +438,28 @@ class Gunicorn:
         env["HOME"] = str(directory)  # gunicorn 27 puts a control socket in ~/.gunicorn
         self.process = subprocess.Popen(
             [
-                sys.executable, "-m", "gunicorn", *options, "-w", str(workers), "-k", WORKER_CLASS,
-                "-b", f"127.0.0.1:{self.port}", "--pythonpath", str(APP_DIR),
-                "--graceful-timeout", "10", "asgi_turn_app:app",
+                sys.executable,
+                "-m",
+                "gunicorn",
+                *options,
+                "-w",
+                str(workers),
+                "-k",
+                WORKER_CLASS,
+                "-b",
+                f"127.0.0.1:{self.port}",
+                "--pythonpath",
+                str(APP_DIR),
+                "--graceful-timeout",
+                "10",
+                "asgi_turn_app:app",
             ],
-            cwd=directory, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE, text=True,
+            cwd=directory,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
             start_new_session=True,  # its own process group: the workers die with it
         )
         self.log: list[str] = []
@@ -496,6 +520,7 @@ def gunicorn(directory: Path, database: Path, *options: str, workers: int) -> It
 
 def send_turns(server: Gunicorn, clients: int, turns: int) -> dict[str, list[tuple[int, str]]]:
     """Each client sends `turns` turns to a session of its own, one after another; all at once."""
+
     def client(number: int) -> list[tuple[int, str]]:
         return [server.post_turn(f"client-{number}", f"client {number} turn {t}") for t in range(turns)]
 
@@ -510,7 +535,9 @@ def seed(path: Path) -> list[dict[str, Any]]:
     return turn("before", 0)
 
 
-def test_gunicorn_preload_workers_get_forked_store_error_and_the_masters_file_stays_whole(tmp_path: Path) -> None:
+def test_gunicorn_preload_workers_get_forked_store_error_and_the_masters_file_stays_whole(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "agent.cdl"
     before = seed(path)
     with gunicorn(tmp_path, path, "--preload", workers=2) as server:

@@ -8,6 +8,7 @@ with many more examples, and a 10 MB item of astral-plane text.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import decimal
 import hashlib
@@ -45,8 +46,11 @@ JSON_VALUES = st.recursive(
     max_leaves=30,
 )
 SDK_LIKE = st.fixed_dictionaries(
-    {"role": st.sampled_from(["user", "assistant", "system"]), "content": TEXT | st.lists(
-        st.fixed_dictionaries({"type": st.just("input_text"), "text": TEXT}), max_size=3)},
+    {
+        "role": st.sampled_from(["user", "assistant", "system"]),
+        "content": TEXT
+        | st.lists(st.fixed_dictionaries({"type": st.just("input_text"), "text": TEXT}), max_size=3),
+    },
     optional={"id": TEXT, "extra": JSON_VALUES},
 )
 ITEMS = SDK_LIKE | JSON_VALUES
@@ -80,6 +84,7 @@ def fresh_ids() -> Callable[[], str]:
 
 
 # -- JSON round-trips --------------------------------------------------------------------
+
 
 def check_round_trip(store: CitadelSessionStore, new_id: Callable[[], str], batches: list[list[Any]]) -> None:
     session = store.session(new_id())
@@ -148,7 +153,7 @@ async def test_edge_values_round_trip_exactly(store: CitadelSessionStore, db_pat
 
 async def test_a_ten_megabyte_item_round_trips(store: CitadelSessionStore, db_path: Path) -> None:
     rng = random.Random(10)
-    words = ["tool", "output", "línea", "数据", "𝄞", "\n", "\"quoted\"", "\\", "{}"]
+    words = ["tool", "output", "línea", "数据", "𝄞", "\n", '"quoted"', "\\", "{}"]
     text = " ".join(rng.choice(words) if n % 50 == 0 else "ascii" for n in range(2_000_000))
     big = {"type": "function_call_output", "call_id": "call_1", "output": text[:10_000_000]}
     assert len(big["output"]) == 10_000_000
@@ -156,7 +161,9 @@ async def test_a_ten_megabyte_item_round_trips(store: CitadelSessionStore, db_pa
     await session.add_items([{"role": "user", "content": "before"}, big])
     await session.add_items([{"role": "user", "content": "after"}])
     got = await session.get_items()
-    assert got[1] == big and exactly(got) == exactly([{"role": "user", "content": "before"}, big, {"role": "user", "content": "after"}])
+    assert got[1] == big and exactly(got) == exactly(
+        [{"role": "user", "content": "before"}, big, {"role": "user", "content": "after"}]
+    )
     store.close()
     with CitadelSessionStore(db_path, KEY) as reopened:
         assert (await reopened.session("big").get_items(limit=2))[0] == big
@@ -165,7 +172,7 @@ async def test_a_ten_megabyte_item_round_trips(store: CitadelSessionStore, db_pa
 @pytest.mark.slow
 async def test_a_ten_megabyte_item_of_astral_text_round_trips(store: CitadelSessionStore) -> None:
     rng = random.Random(11)
-    text = "".join(rng.choice("aé中𝄞😀 \n\"\\\u2028\ud800") for _ in range(10_000_000))
+    text = "".join(rng.choice('aé中𝄞😀 \n"\\\u2028\ud800') for _ in range(10_000_000))
     session = store.session("big")
     await session.add_items([{"role": "user", "content": text}])
     assert await session.get_items() == [{"role": "user", "content": text}]
@@ -174,6 +181,7 @@ async def test_a_ten_megabyte_item_of_astral_text_round_trips(store: CitadelSess
 
 
 # -- refusals ----------------------------------------------------------------------------
+
 
 class Opaque:
     pass
@@ -245,7 +253,9 @@ def test_a_batch_with_any_non_json_value_is_refused_and_nothing_is_written(
 
 
 @pytest.mark.slow
-def test_a_batch_with_any_non_json_value_is_refused_many(shared_store: CitadelSessionStore, db_path: Path) -> None:
+def test_a_batch_with_any_non_json_value_is_refused_many(
+    shared_store: CitadelSessionStore, db_path: Path
+) -> None:
     asyncio.run(shared_store.session("refusals").add_items([{"content": "already here"}]))
 
     @MANY
@@ -275,10 +285,8 @@ def variants(session_id: str) -> set[str]:
         session_id + "\x00",
         "".join(LOOK_ALIKES.get(c, c) for c in session_id),
     }
-    try:
+    with contextlib.suppress(UnicodeError):
         found |= {unicodedata.normalize(form, session_id) for form in ("NFC", "NFD", "NFKC", "NFKD")}
-    except UnicodeError:
-        pass
     return found
 
 
@@ -298,7 +306,9 @@ def check_isolation(store: CitadelSessionStore, ids: set[str]) -> None:
     assert store.session_ids() == []
 
 
-ID_SEEDS = st.text(ANY_CHARACTER, max_size=12) | st.sampled_from(["Bob", "alice", "user-123", "ǅungla", "ß", "İ", "ﬁ"])
+ID_SEEDS = st.text(ANY_CHARACTER, max_size=12) | st.sampled_from(
+    ["Bob", "alice", "user-123", "ǅungla", "ß", "İ", "ﬁ"]
+)
 
 
 def test_any_session_id_and_its_variants_stay_isolated(shared_store: CitadelSessionStore) -> None:
@@ -333,7 +343,9 @@ async def test_very_long_session_ids_stay_isolated(store: CitadelSessionStore, d
         # Region names carry a salted HMAC, never the id: no length limit leaks through.
         await reopened.session(long).clear_session()
         assert await reopened.session(long + "y").get_items() == [{"owner": long + "y"}]
-    kept = sorted(set(ids) - {long})  # listed exactly after another reopen: none truncated, the cleared one gone
+    kept = sorted(
+        set(ids) - {long}
+    )  # listed exactly after another reopen: none truncated, the cleared one gone
     with CitadelSessionStore(db_path, KEY) as reopened:
         listed = [summary.session_id for summary in reopened.sessions()]
         assert reopened.session_ids() == listed == kept

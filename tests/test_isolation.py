@@ -7,7 +7,21 @@ from pathlib import Path
 
 from citadeldb_openai_agents import CitadelSession, CitadelSessionStore
 
-IDS = ["Bob", "bob", "BOB", "user-1", "user-1 ", "", "\u00f1and\u00fa", "n\u0303andu\u0301", "𝔘𝔰𝔢𝔯", "a" * 1500, "a" * 1499, "id/with/../slashes", "nul\x00byte"]
+IDS = [
+    "Bob",
+    "bob",
+    "BOB",
+    "user-1",
+    "user-1 ",
+    "",
+    "\u00f1and\u00fa",
+    "n\u0303andu\u0301",
+    "𝔘𝔰𝔢𝔯",
+    "a" * 1500,
+    "a" * 1499,
+    "id/with/../slashes",
+    "nul\x00byte",
+]
 
 
 async def test_each_id_is_its_own_session(store: CitadelSessionStore) -> None:

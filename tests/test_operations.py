@@ -55,7 +55,9 @@ async def test_rotate_key_then_reopen_with_each_passphrase(make_store, db_path: 
         assert await reopened.session(sid).get_items() == [{"owner": sid}]
 
 
-async def test_backup_restores_and_refuses_to_overwrite(store: CitadelSessionStore, tmp_path: Path, key: str) -> None:
+async def test_backup_restores_and_refuses_to_overwrite(
+    store: CitadelSessionStore, tmp_path: Path, key: str
+) -> None:
     await store.session("s").add_items([{"n": 1}])
     (tmp_path / "backups").mkdir()
     written = store.backup(tmp_path / "backups" / "copy.cdl")
@@ -67,7 +69,9 @@ async def test_backup_restores_and_refuses_to_overwrite(store: CitadelSessionSto
         assert await restored.session("s").get_items() == [{"n": 1}]
 
 
-async def test_a_backup_keeps_the_audit_log(store: CitadelSessionStore, db_path: Path, tmp_path: Path, key: str) -> None:
+async def test_a_backup_keeps_the_audit_log(
+    store: CitadelSessionStore, db_path: Path, tmp_path: Path, key: str
+) -> None:
     await store.session("gone").add_items([{"n": 1}])
     await store.session("kept").add_items([{"n": 2}])
     store.erase_session("gone")  # Citadel's audit log records the erasure
@@ -89,6 +93,7 @@ async def test_a_backup_runs_while_no_write_is_under_way(
     import time
 
     from citadeldb_openai_agents.storage import local as storage_module
+
     from stub_embedders import StubEmbedder
 
     embedder = StubEmbedder()

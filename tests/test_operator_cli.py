@@ -22,11 +22,10 @@ import termios
 from pathlib import Path
 
 import pytest
+from test_erasure import stored_ids
 
 from citadeldb_openai_agents import CitadelSessionStore, WrongPassphraseError
 from citadeldb_openai_agents.cli import main
-
-from test_erasure import stored_ids
 
 PASSPHRASE = "correct horse battery staple 7f3a"
 NEW_PASSPHRASE = "new passphrase after rotation 2b9d"
@@ -72,7 +71,11 @@ def command(*args: str) -> list[str]:
 
 def run(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(
-        command(*args), env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        command(*args),
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
         timeout=120,
     )
     assert_readable(done.stdout, done.stderr)
@@ -88,8 +91,11 @@ def assert_readable(*outputs: str) -> None:
 
 
 def run_here(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, path: Path,
-    *args: str, **variables: str | None,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    path: Path,
+    *args: str,
+    **variables: str | None,
 ) -> tuple[int, str, str]:
     for name, value in environment(path, **variables).items():
         monkeypatch.setenv(name, value)
@@ -114,8 +120,13 @@ def on_terminal(
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
     process = subprocess.Popen(
-        command(*args), env=env, stdin=command_end, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, preexec_fn=take_the_terminal,
+        command(*args),
+        env=env,
+        stdin=command_end,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=take_the_terminal,
     )
     os.close(command_end)
     try:
@@ -147,7 +158,9 @@ def test_sessions_lists_every_session_with_its_count_and_write_times(database: P
 
 
 def test_sessions_json_gives_iso_times_in_utc(
-    database: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    database: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     code, out, _ = run_here(capsys, monkeypatch, database, "sessions", "--json")
     assert code == 0
@@ -179,7 +192,10 @@ def test_export_then_erase_then_export_shows_nothing(database: Path) -> None:
 
 
 def test_export_out_writes_a_file_only_its_owner_reads_and_never_overwrites(
-    database: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    database: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     out = tmp_path / "user-123.jsonl"
     code, stdout, _ = run_here(capsys, monkeypatch, database, "export", "user-123", "--out", str(out))
@@ -194,15 +210,16 @@ def test_export_out_writes_a_file_only_its_owner_reads_and_never_overwrites(
 
 
 def test_erase_prints_a_json_receipt_per_session(
-    database: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    database: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    code, out, _ = run_here(
-        capsys, monkeypatch, database, "erase", "user-123", "user-456", "--yes", "--json"
-    )
+    code, out, _ = run_here(capsys, monkeypatch, database, "erase", "user-123", "user-456", "--yes", "--json")
     assert code == 0
     receipts = json.loads(out)
     assert [(r["session_id"], r["items_erased"], r["readback_confirmed"]) for r in receipts] == [
-        ("user-123", 2, True), ("user-456", 1, True),
+        ("user-123", 2, True),
+        ("user-456", 1, True),
     ]
     assert receipts[0]["algorithm"].startswith("AES-256-KW")
     assert receipts[0]["database"] == str(database)
@@ -225,7 +242,9 @@ UNCONFIRMED = (
 
 
 def test_erase_exits_1_and_says_what_to_do_when_the_readback_still_finds_an_item(
-    database: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    database: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
     readback_still_finds,
 ) -> None:
     readback_still_finds(atom_ids(database, "user-123")[0])
@@ -241,13 +260,13 @@ def test_erase_exits_1_and_says_what_to_do_when_the_readback_still_finds_an_item
 
 
 def test_erase_prints_every_receipt_when_one_readback_does_not_confirm(
-    database: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    database: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
     readback_still_finds,
 ) -> None:
     readback_still_finds(atom_ids(database, "user-123")[-1])
-    code, out, err = run_here(
-        capsys, monkeypatch, database, "erase", "user-123", "user-456", "--yes"
-    )
+    code, out, err = run_here(capsys, monkeypatch, database, "erase", "user-123", "user-456", "--yes")
 
     assert code == 1
     receipts = out.split("erased session ")[1:]
@@ -258,7 +277,9 @@ def test_erase_prints_every_receipt_when_one_readback_does_not_confirm(
 
 
 def test_erase_json_carries_readback_confirmed_false_for_the_unconfirmed_session(
-    database: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    database: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
     readback_still_finds,
 ) -> None:
     readback_still_finds(atom_ids(database, "user-123")[-1])
@@ -270,17 +291,18 @@ def test_erase_json_carries_readback_confirmed_false_for_the_unconfirmed_session
     assert '"readback_confirmed": false' in out
     receipts = json.loads(out)
     assert [(r["session_id"], r["items_erased"], r["readback_confirmed"]) for r in receipts] == [
-        ("user-123", 2, False), ("user-456", 1, True),
+        ("user-123", 2, False),
+        ("user-456", 1, True),
     ]
     assert err.strip() == UNCONFIRMED
 
 
 def test_erase_checks_every_id_first_and_erases_nothing_if_one_is_unknown(
-    database: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    database: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    code, out, err = run_here(
-        capsys, monkeypatch, database, "erase", "user-123", "nobody", "--yes"
-    )
+    code, out, err = run_here(capsys, monkeypatch, database, "erase", "user-123", "nobody", "--yes")
     assert code == 1 and out == ""
     assert "error: no session 'nobody'" in err and "nothing was erased" in err
     with CitadelSessionStore(database, PASSPHRASE) as store:
@@ -288,7 +310,9 @@ def test_erase_checks_every_id_first_and_erases_nothing_if_one_is_unknown(
 
 
 def test_erase_without_a_terminal_needs_yes(
-    database: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    database: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     code, _, err = run_here(capsys, monkeypatch, database, "erase", "user-123")
     assert code == 1
@@ -306,8 +330,11 @@ class Terminal(io.StringIO):
 
 @pytest.mark.parametrize(("typed", "erased"), [("y\n", True), ("n\n", False), ("", False)])
 def test_erase_asks_on_a_terminal_and_erases_only_on_yes(
-    database: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-    typed: str, erased: bool,
+    database: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    typed: str,
+    erased: bool,
 ) -> None:
     monkeypatch.setattr(sys, "stdin", Terminal(typed))
     code, out, err = run_here(capsys, monkeypatch, database, "erase", "user-123")
@@ -325,9 +352,7 @@ def test_erase_asks_on_a_terminal_and_erases_only_on_yes(
 
 def test_purge_erases_expired_items_and_prints_how_many(tmp_path: Path) -> None:
     path = tmp_path / "agent.cdl"
-    with CitadelSessionStore(
-        path, PASSPHRASE, argon2_profile="iot", sync_mode="off", ttl=0.001
-    ) as store:
+    with CitadelSessionStore(path, PASSPHRASE, argon2_profile="iot", sync_mode="off", ttl=0.001) as store:
         asyncio.run(store.session("short-lived").add_items(TRANSCRIPT))
     # The items expired a millisecond after their write, long before the command starts.
     purged = run("purge", env=environment(path, CITADEL_TTL="7d"))
@@ -356,16 +381,17 @@ def test_rotate_then_reopen_with_each_passphrase(database: Path) -> None:
 
 @pytest.mark.parametrize("option", [True, False])
 def test_rotate_key_reads_the_new_passphrase_from_a_file(
-    database: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch, option: bool,
+    database: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    option: bool,
 ) -> None:
     key_file = tmp_path / "new.key"
     key_file.write_text(NEW_PASSPHRASE + "\n")
     key_file.chmod(0o600)
     if option:
-        code, _, err = run_here(
-            capsys, monkeypatch, database, "rotate-key", "--new-key-file", str(key_file)
-        )
+        code, _, err = run_here(capsys, monkeypatch, database, "rotate-key", "--new-key-file", str(key_file))
     else:
         code, _, err = run_here(
             capsys, monkeypatch, database, "rotate-key", CITADEL_NEW_KEY_FILE=str(key_file)
@@ -387,8 +413,11 @@ def test_rotate_key_reads_the_new_passphrase_from_a_file(
     ],
 )
 def test_rotate_key_refusals_change_nothing(
-    database: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-    variables: dict[str, str], message: str,
+    database: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    variables: dict[str, str],
+    message: str,
 ) -> None:
     code, out, err = run_here(capsys, monkeypatch, database, "rotate-key", **variables)
     assert code == 1 and out == ""
@@ -399,7 +428,9 @@ def test_rotate_key_refusals_change_nothing(
 
 def test_rotate_key_asks_twice_on_the_terminal_without_echo(database: Path) -> None:
     rotated = on_terminal(
-        "rotate-key", env=environment(database), prompt=b"passphrase: ",
+        "rotate-key",
+        env=environment(database),
+        prompt=b"passphrase: ",
         replies=[NEW_PASSPHRASE, NEW_PASSPHRASE],
     )
 
@@ -409,7 +440,9 @@ def test_rotate_key_asks_twice_on_the_terminal_without_echo(database: Path) -> N
 
 
 def test_rotate_key_refuses_two_different_answers_at_the_prompt(
-    database: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    database: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     answers = iter([NEW_PASSPHRASE, "a typo"])
     monkeypatch.setattr(sys, "stdin", Terminal())
@@ -442,7 +475,10 @@ def test_backup_then_restore_then_read(database: Path, tmp_path: Path) -> None:
 
 
 def test_backup_refuses_an_existing_destination_or_a_missing_directory(
-    database: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    database: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     taken = tmp_path / "taken.cdl"
     Path(f"{taken}.citadel-keys").write_text("someone else's")
@@ -475,7 +511,9 @@ def tampered_copy(database: Path, tmp_path: Path, offset: int = 4096 + 512) -> P
 
 
 def test_verify_an_intact_file_exits_0(
-    database: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    database: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     code, out, _ = run_here(capsys, monkeypatch, database, "verify")
     assert code == 0
@@ -513,7 +551,10 @@ def test_verify_a_tampered_copy_exits_1_with_a_report(database: Path, tmp_path: 
 
 
 def test_verify_json_reports_the_damage(
-    database: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    database: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     code, out, _ = run_here(capsys, monkeypatch, tampered_copy(database, tmp_path), "verify", "--json")
     assert code == 1
@@ -523,7 +564,10 @@ def test_verify_json_reports_the_damage(
 
 
 def test_verify_a_file_too_damaged_to_open_exits_1_with_a_readable_message(
-    database: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    database: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     copy = tampered_copy(database, tmp_path, offset=0)
     code, _, err = run_here(capsys, monkeypatch, copy, "verify")
@@ -537,14 +581,19 @@ def test_verify_a_file_too_damaged_to_open_exits_1_with_a_readable_message(
 
 def test_a_file_held_by_another_process_explains_who_owns_it(database: Path) -> None:
     holder = subprocess.Popen(
-        [sys.executable, "-c",
-         "import citadeldb, os, sys\n"
-         "db = citadeldb.connect(sys.argv[1], key=os.environ['HOLDER_KEY'], region_keys=True)\n"
-         "print('ready', flush=True)\n"
-         "sys.stdin.read()\n",
-         str(database)],
-        env=environment(database, HOLDER_KEY=PASSPHRASE), stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import citadeldb, os, sys\n"
+            "db = citadeldb.connect(sys.argv[1], key=os.environ['HOLDER_KEY'], region_keys=True)\n"
+            "print('ready', flush=True)\n"
+            "sys.stdin.read()\n",
+            str(database),
+        ],
+        env=environment(database, HOLDER_KEY=PASSPHRASE),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
@@ -563,7 +612,9 @@ def test_a_file_held_by_another_process_explains_who_owns_it(database: Path) -> 
 
 
 def test_a_missing_database_is_reported_and_not_created(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     missing = tmp_path / "typo.cdl"
     code, _, err = run_here(capsys, monkeypatch, missing, "sessions")
@@ -574,24 +625,33 @@ def test_a_missing_database_is_reported_and_not_created(
 
 
 def test_configuration_problems_are_all_listed_and_exit_1(
-    database: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    database: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    code, out, err = run_here(
-        capsys, monkeypatch, database, "verify", CITADEL_KEY=None, CITADEL_TTL="soon"
-    )
+    code, out, err = run_here(capsys, monkeypatch, database, "verify", CITADEL_KEY=None, CITADEL_TTL="soon")
     assert code == 1 and out == ""
     assert "error: the configuration is not usable (2 problems)" in err
     assert "check` shows every setting" in err
 
 
 def test_config_names_the_toml_file_as_check_does(
-    database: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    database: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     (tmp_path / "etc").mkdir()
     toml = tmp_path / "etc" / "citadel.toml"
     toml.write_text(f'path = "{database}"\nargon2_profile = "iot"\n')
     code, out, _ = run_here(
-        capsys, monkeypatch, database, "sessions", "--json", "--config", str(toml),
+        capsys,
+        monkeypatch,
+        database,
+        "sessions",
+        "--json",
+        "--config",
+        str(toml),
         CITADEL_PATH=None,
     )
     assert code == 0
@@ -599,7 +659,10 @@ def test_config_names_the_toml_file_as_check_does(
 
 
 def test_a_key_file_others_can_read_is_warned_about_and_still_used(
-    database: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    database: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     key_file = tmp_path / "citadel.key"
     key_file.write_text(PASSPHRASE + "\n")
@@ -612,7 +675,9 @@ def test_a_key_file_others_can_read_is_warned_about_and_still_used(
 
 
 def test_a_wrong_passphrase_exits_1(
-    database: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    database: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     code, out, err = run_here(capsys, monkeypatch, database, "sessions", CITADEL_KEY=WRONG)
     assert code == 1 and out == ""

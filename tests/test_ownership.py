@@ -42,7 +42,9 @@ OPENER = textwrap.dedent(
 def other_process(db_path: Path) -> Iterator[subprocess.Popen[str]]:
     process = subprocess.Popen(
         [sys.executable, "-c", OPENER, str(db_path), KEY],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert process.stdout is not None and process.stdout.readline() == "ready\n"
     yield process
@@ -53,14 +55,22 @@ def other_process(db_path: Path) -> Iterator[subprocess.Popen[str]]:
 def holder(db_path: Path) -> Iterator[subprocess.Popen[str]]:
     """Another process that opens the file and keeps it until told to stop."""
     process = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent("""
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
             import sys
             from citadeldb_openai_agents import CitadelSessionStore
             store = CitadelSessionStore(sys.argv[1], sys.argv[2], argon2_profile="iot")
             print("holding", flush=True)
             sys.stdin.readline()
-        """), str(db_path), KEY],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        """),
+            str(db_path),
+            KEY,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert process.stdout is not None and process.stdout.readline() == "holding\n"
     yield process
@@ -74,7 +84,9 @@ def try_to_open(process: subprocess.Popen[str]) -> list[str]:
     return process.stdout.readline().split(" ", 3)
 
 
-async def test_a_second_process_is_refused_at_once_then_opens_after_close(make_store, db_path: Path, other_process) -> None:
+async def test_a_second_process_is_refused_at_once_then_opens_after_close(
+    make_store, db_path: Path, other_process
+) -> None:
     store = make_store()
     await store.session("s").add_items([{"content": "written by the first process"}])
 
@@ -97,17 +109,21 @@ async def test_closing_after_a_failed_call_frees_the_file_at_once(db_path: Path,
     embedder = StubEmbedder()
     gc.disable()  # no collection may rescue the close: it must free the file by itself
     try:
-        with pytest.raises(Exception, match="embedding service unavailable"):
-            with CitadelSessionStore(db_path, KEY, embedder=embedder, argon2_profile="iot") as store:
-                await store.session("s").add_items([{"content": "stored"}])
-                embedder.failure = ConnectionError("embedding service unavailable")
-                await store.session("s").add_items([{"content": "never stored"}])
+        with (
+            pytest.raises(Exception, match="embedding service unavailable"),
+            CitadelSessionStore(db_path, KEY, embedder=embedder, argon2_profile="iot") as store,
+        ):
+            await store.session("s").add_items([{"content": "stored"}])
+            embedder.failure = ConnectionError("embedding service unavailable")
+            await store.session("s").add_items([{"content": "never stored"}])
         assert try_to_open(other_process) == ["opened", "1\n"]
     finally:
         gc.enable()
 
 
-async def test_the_refusal_names_the_holders_pid_and_says_to_run_one_worker(make_store, other_process) -> None:
+async def test_the_refusal_names_the_holders_pid_and_says_to_run_one_worker(
+    make_store, other_process
+) -> None:
     make_store()  # this process holds the file; the other one is refused
 
     outcome, error, _, message = try_to_open(other_process)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import KEY, run_python
-
 from citadeldb_openai_agents import CitadelSession
+
+from conftest import KEY, run_python
 
 WRITER = """
 import asyncio, sys

@@ -14,13 +14,42 @@ from citadeldb_openai_agents import CitadelSession, CitadelSessionStore, Invalid
 
 SDK_ITEMS: list[Any] = [
     {"role": "user", "content": "plain text"},
-    {"role": "user", "content": [{"type": "input_text", "text": "multi"}, {"type": "input_image", "image_url": "data:,", "detail": "auto"}]},
-    {"id": "msg_1", "type": "message", "role": "assistant", "status": "completed",
-     "content": [{"type": "output_text", "text": "hi", "annotations": [], "logprobs": []}]},
-    {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "lookup", "arguments": "{\"q\": 1}", "status": "completed"},
-    {"type": "function_call_output", "call_id": "call_1", "output": "{\"ok\": true}"},
-    {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "thinking"}], "encrypted_content": "gAAA"},
-    {"zeta": 1, "alpha": {"b": 2, "a": [1, 2.5, None, True]}, "unknown_extra": "kept", "role": "user", "content": ""},
+    {
+        "role": "user",
+        "content": [
+            {"type": "input_text", "text": "multi"},
+            {"type": "input_image", "image_url": "data:,", "detail": "auto"},
+        ],
+    },
+    {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": "hi", "annotations": [], "logprobs": []}],
+    },
+    {
+        "type": "function_call",
+        "id": "fc_1",
+        "call_id": "call_1",
+        "name": "lookup",
+        "arguments": '{"q": 1}',
+        "status": "completed",
+    },
+    {"type": "function_call_output", "call_id": "call_1", "output": '{"ok": true}'},
+    {
+        "type": "reasoning",
+        "id": "rs_1",
+        "summary": [{"type": "summary_text", "text": "thinking"}],
+        "encrypted_content": "gAAA",
+    },
+    {
+        "zeta": 1,
+        "alpha": {"b": 2, "a": [1, 2.5, None, True]},
+        "unknown_extra": "kept",
+        "role": "user",
+        "content": "",
+    },
 ]
 
 
@@ -43,8 +72,13 @@ async def scenario(session: Any) -> list[Any]:
     await session.add_items([{"n": 1}, {"n": 2}])
     await session.add_items([])
     await session.add_items([{"n": 3}])
-    out += [await session.get_items(), await session.get_items(limit=2), await session.get_items(limit=0),
-            await session.get_items(limit=10), await session.get_items(limit=-1)]
+    out += [
+        await session.get_items(),
+        await session.get_items(limit=2),
+        await session.get_items(limit=0),
+        await session.get_items(limit=10),
+        await session.get_items(limit=-1),
+    ]
     session.session_settings = SessionSettings(limit=1)
     out += [await session.get_items(), await session.get_items(limit=3)]
     session.session_settings = SessionSettings()
@@ -88,9 +122,16 @@ async def test_session_settings_from_store(make_store: Any) -> None:
 
 @pytest.mark.parametrize(
     ("bad", "words"),
-    [({1, 2}, "set"), (b"raw", "bytes"), (__import__("datetime").datetime(2026, 1, 1), "datetime"), (float("nan"), "nan")],
+    [
+        ({1, 2}, "set"),
+        (b"raw", "bytes"),
+        (__import__("datetime").datetime(2026, 1, 1), "datetime"),
+        (float("nan"), "nan"),
+    ],
 )
-async def test_non_json_item_names_its_position_and_writes_nothing(store: CitadelSessionStore, bad: Any, words: str) -> None:
+async def test_non_json_item_names_its_position_and_writes_nothing(
+    store: CitadelSessionStore, bad: Any, words: str
+) -> None:
     session = store.session("s")
     await session.add_items([{"n": 0}])
     with pytest.raises(InvalidItemError, match="item 1 of the batch") as caught:
@@ -107,11 +148,19 @@ async def test_lone_surrogates_and_astral_text_round_trip(store: CitadelSessionS
     assert await session.get_items() == items
 
 
-async def test_operations_after_close_raise_runtime_error(store: CitadelSessionStore, db_path: Path, key: str) -> None:
+async def test_operations_after_close_raise_runtime_error(
+    store: CitadelSessionStore, db_path: Path, key: str
+) -> None:
     session = CitadelSession("s", db_path, key)
     session.close()
     session.close()
-    for call in (session.get_items(), session.add_items([{"a": 1}]), session.pop_item(), session.clear_session(), session.search("x")):
+    for call in (
+        session.get_items(),
+        session.add_items([{"a": 1}]),
+        session.pop_item(),
+        session.clear_session(),
+        session.search("x"),
+    ):
         with pytest.raises(RuntimeError, match="closed"):
             await call
     minted = store.session("t")

@@ -34,11 +34,13 @@ async def test_tool_calls_are_stored_and_replayed(store: CitadelSessionStore) ->
         """The weather in a city."""
         return f"sunny in {city}"
 
-    model = ScriptedModel([
-        [function_call("weather", {"city": "Oslo"}, call_id="call_1")],
-        [assistant_message("It is sunny in Oslo.")],
-        [assistant_message("You asked about Oslo.")],
-    ])
+    model = ScriptedModel(
+        [
+            [function_call("weather", {"city": "Oslo"}, call_id="call_1")],
+            [assistant_message("It is sunny in Oslo.")],
+            [assistant_message("You asked about Oslo.")],
+        ]
+    )
     agent = Agent(name="assistant", model=model, tools=[weather])
     session = store.session("tools")
     await Runner.run(agent, "weather in Oslo?", session=session)

@@ -8,11 +8,19 @@ import citadeldb
 import pytest
 
 from citadeldb_openai_agents import CitadelSessionStore
+
 from stub_embedders import StubEmbedder
 
 QUESTION = {"role": "user", "content": "What is the wifi password at the office?"}
-ANSWER = {"type": "message", "role": "assistant", "status": "completed", "id": "msg_1",
-          "content": [{"type": "output_text", "text": "It is hunter2-blue, printed by the door.", "annotations": []}]}
+ANSWER = {
+    "type": "message",
+    "role": "assistant",
+    "status": "completed",
+    "id": "msg_1",
+    "content": [
+        {"type": "output_text", "text": "It is hunter2-blue, printed by the door.", "annotations": []}
+    ],
+}
 
 
 async def test_the_answer_outranks_the_question_it_answers(store: CitadelSessionStore) -> None:
@@ -36,10 +44,14 @@ async def test_ranking_merges_segments_by_distance(make_store) -> None:
     # Wide hashed vectors: at the default 128 dimensions, word-hash collisions decide.
     store = make_store(embedder=citadeldb.MockEmbedder(dim=2048))
     session = store.session("long")
-    filler = [item for n in range(130) for item in (
-        {"role": "user", "content": f"question {n} about trains"},
-        {"role": "assistant", "content": f"answer {n} about sandwiches"},
-    )]
+    filler = [
+        item
+        for n in range(130)
+        for item in (
+            {"role": "user", "content": f"question {n} about trains"},
+            {"role": "assistant", "content": f"answer {n} about sandwiches"},
+        )
+    ]
     await session.add_items(filler)  # fills the first segment
     await session.add_items([QUESTION, ANSWER])  # lands in the second
     await session.add_items(filler)
@@ -52,7 +64,9 @@ async def test_a_reply_is_embedded_with_its_question_but_keyword_indexed_alone(m
     store = make_store(embedder=embedder)
     await store.session("s").add_items([QUESTION, ANSWER])
     question, answer = QUESTION["content"], ANSWER["content"][0]["text"]
-    items_embedded = [text for text in embedder.embedded if text not in ("layout", "session")]  # meta, catalog
+    items_embedded = [
+        text for text in embedder.embedded if text not in ("layout", "session")
+    ]  # meta, catalog
     assert items_embedded == [question, f"{question}\n{answer}"]
     [region] = store._file._layout.segment_regions(store._file._layout.state("s"))
     atoms = store._file._database.memory.fetch(region, "item", limit=10)

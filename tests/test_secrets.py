@@ -64,16 +64,16 @@ def secrets_in_frames(error: BaseException) -> list[str]:
             if frame.f_code.co_filename != __file__:
                 for name, value in frame.f_locals.items():
                     values = value if isinstance(value, (list, tuple)) else [value]
-                    found += [f"{frame.f_code.co_name}:{name}" for v in values if isinstance(v, str) and leaked(v)]
+                    found += [
+                        f"{frame.f_code.co_name}:{name}" for v in values if isinstance(v, str) and leaked(v)
+                    ]
             tb = tb.tb_next
     return found
 
 
 def described(error: BaseException) -> str:
     """Everything an error shows: message, repr, args, and the whole chain with tracebacks."""
-    return "\n".join(
-        [str(error), repr(error), repr(error.args), *traceback.format_exception(error)]
-    )
+    return "\n".join([str(error), repr(error), repr(error.args), *traceback.format_exception(error)])
 
 
 @pytest.fixture
@@ -111,14 +111,22 @@ def assert_nothing_leaked(records: list[logging.LogRecord], capfd: pytest.Captur
 
 def held_by_another_process(path: Path) -> subprocess.Popen[str]:
     holder = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent("""
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
             import sys
             from citadeldb_openai_agents import CitadelSessionStore
             store = CitadelSessionStore(sys.argv[1], sys.argv[2])
             print("holding", flush=True)
             sys.stdin.readline()
-        """), str(path), PASSPHRASE],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        """),
+            str(path),
+            PASSPHRASE,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert holder.stdout is not None and holder.stdout.readline() == "holding\n"
     return holder
@@ -148,17 +156,33 @@ def damage(path: Path) -> None:
 
 # -- the library --------------------------------------------------------------------------
 
-async def test_success_path_shows_the_passphrase_nowhere(original: Path, tmp_path: Path, every_log_record, capfd) -> None:
+
+async def test_success_path_shows_the_passphrase_nowhere(
+    original: Path, tmp_path: Path, every_log_record, capfd
+) -> None:
     store = CitadelSessionStore(original, PASSPHRASE)
     session = store.session("user-1")
     own = CitadelSession("user-2", original, PASSPHRASE)
     await session.add_items([{"role": "assistant", "content": "hi"}])
     await own.add_items([{"role": "user", "content": "other"}])
     shown = [
-        store, session, own, store._file._database, store._file._layout, await session.get_items(),
-        await session.search("hello"), await session.pop_item(), store.session_ids(), store.sessions(),
-        store.export("user-1"), store.verify(), store.backup(tmp_path / "backup.cdl"),
-        store.erase_session("user-2"), vars(store), vars(session), vars(own),
+        store,
+        session,
+        own,
+        store._file._database,
+        store._file._layout,
+        await session.get_items(),
+        await session.search("hello"),
+        await session.pop_item(),
+        store.session_ids(),
+        store.sessions(),
+        store.export("user-1"),
+        store.verify(),
+        store.backup(tmp_path / "backup.cdl"),
+        store.erase_session("user-2"),
+        vars(store),
+        vars(session),
+        vars(own),
     ]
     store.rotate_key(PASSPHRASE, NEW)
     shown += [store, vars(store), store._file._database]
@@ -188,20 +212,28 @@ def failures(path: Path, tmp_path: Path) -> Iterator[tuple[str, type[BaseExcepti
     keyless = copy_of(path, tmp_path / "keyless")
     Path(f"{keyless}.citadel-keys").unlink()
     yield "missing key file", CitadelSessionError, lambda: CitadelSessionStore(keyless, PASSPHRASE)
-    yield "missing key file, wrong passphrase", CitadelSessionError, lambda: CitadelSessionStore(keyless, WRONG)
+    yield (
+        "missing key file, wrong passphrase",
+        CitadelSessionError,
+        lambda: CitadelSessionStore(keyless, WRONG),
+    )
 
     # The hint on how a key file was read looks at the passphrase's first and last characters.
     key_file = tmp_path / "wrong.key"
     key_file.write_text(f" {WRONG}\n\n")
     key_file.chmod(0o600)
-    yield "wrong passphrase from a key file", WrongPassphraseError, lambda: from_config(
-        path=path, key_file=key_file
+    yield (
+        "wrong passphrase from a key file",
+        WrongPassphraseError,
+        lambda: from_config(path=path, key_file=key_file),
     )
 
     yield "empty passphrase", EmptyPassphraseError, lambda: CitadelSessionStore(path, "")
     yield "bytes passphrase", TypeError, lambda: CitadelSessionStore(path, PASSPHRASE.encode())
-    yield "other embedder", CitadelSessionError, lambda: CitadelSessionStore(
-        path, PASSPHRASE, embedder=citadeldb.MockEmbedder(dim=64)
+    yield (
+        "other embedder",
+        CitadelSessionError,
+        lambda: CitadelSessionStore(path, PASSPHRASE, embedder=citadeldb.MockEmbedder(dim=64)),
     )
 
     store = CitadelSessionStore(path, PASSPHRASE)
@@ -244,15 +276,15 @@ STATES = ("healthy", "wrong passphrase", "damaged", "missing key file")
 # error, is never right here: a command broken down to one must fail this test).
 EXIT_CODES: dict[str, tuple[int, int, int, int]] = {
     #               healthy  wrong passphrase  damaged  missing key file
-    "check":        (0,      1,                1,       1),
-    "check --json": (0,      1,                1,       1),
-    "sessions":     (0,      1,                1,       1),
-    "verify":       (0,      1,                1,       1),
-    "export":       (0,      1,                1,       1),
-    "backup":       (0,      1,                1,       1),
-    "purge":        (0,      1,                1,       1),
-    "erase":        (0,      1,                1,       1),
-    "rotate-key":   (0,      1,                1,       1),
+    "check": (0, 1, 1, 1),
+    "check --json": (0, 1, 1, 1),
+    "sessions": (0, 1, 1, 1),
+    "verify": (0, 1, 1, 1),
+    "export": (0, 1, 1, 1),
+    "backup": (0, 1, 1, 1),
+    "purge": (0, 1, 1, 1),
+    "erase": (0, 1, 1, 1),
+    "rotate-key": (0, 1, 1, 1),
 }
 
 
@@ -285,7 +317,9 @@ def cli_states(original: Path, tmp_path: Path) -> Iterator[tuple[str, str, Path]
         yield "missing key file", PASSPHRASE, keyless.parent
 
 
-def test_no_cli_output_shows_the_passphrase(original: Path, tmp_path: Path, monkeypatch, every_log_record, capfd) -> None:
+def test_no_cli_output_shows_the_passphrase(
+    original: Path, tmp_path: Path, monkeypatch, every_log_record, capfd
+) -> None:
     outcomes: dict[str, list[int]] = {command: [] for command in COMMANDS}
     states = cli_states(original, tmp_path)
     for command, argv in COMMANDS.items():
@@ -301,7 +335,9 @@ def test_no_cli_output_shows_the_passphrase(original: Path, tmp_path: Path, monk
     assert_nothing_leaked(every_log_record, capfd)
 
 
-def test_a_locked_file_shows_no_passphrase_in_errors_or_cli_output(original: Path, monkeypatch, every_log_record, capfd) -> None:
+def test_a_locked_file_shows_no_passphrase_in_errors_or_cli_output(
+    original: Path, monkeypatch, every_log_record, capfd
+) -> None:
     holder = held_by_another_process(original)
     try:
         for key in (PASSPHRASE, WRONG):

@@ -13,11 +13,11 @@ import pytest
 from citadeldb_openai_agents import (
     CitadelSettings,
     ConfigurationError,
+    ConfigurationWarning,
     WrongPassphraseError,
     from_config,
 )
 from citadeldb_openai_agents.config import build_embedder
-from citadeldb_openai_agents import ConfigurationWarning
 
 PASSPHRASE = "correct horse battery staple 7f3a"
 EXAMPLE = Path(__file__).resolve().parent.parent / "config.example.toml"
@@ -127,7 +127,7 @@ def test_a_named_toml_file_that_does_not_exist_is_an_error(
 ) -> None:
     monkeypatch.setenv("CITADEL_CONFIG", str(tmp_path / "missing.toml"))
 
-    with pytest.raises(ConfigurationError, match="missing.toml"):
+    with pytest.raises(ConfigurationError, match=r"missing\.toml"):
         CitadelSettings(key=PASSPHRASE)
 
 
@@ -206,9 +206,7 @@ def test_each_source_beats_the_ones_below_it(
 
 
 @pytest.mark.parametrize("source", SOURCES)
-def test_every_source_beats_the_default(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str
-) -> None:
+def test_every_source_beats_the_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str) -> None:
     arguments = set_ttl(source, 100, tmp_path, monkeypatch)
 
     settings = CitadelSettings(key=PASSPHRASE, secrets_dir=tmp_path / "secrets", **arguments)
@@ -378,15 +376,11 @@ def test_an_unknown_variable_is_named_with_the_closest_valid_one(
     with pytest.raises(ConfigurationError) as excinfo:
         CitadelSettings(key=PASSPHRASE)
 
-    assert excinfo.value.problems == [
-        problem for problem in excinfo.value.problems if variable in problem
-    ]
+    assert excinfo.value.problems == [problem for problem in excinfo.value.problems if variable in problem]
     assert f"Did you mean {suggestion}?" in str(excinfo.value)
 
 
-def test_variables_read_by_other_commands_are_valid(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_variables_read_by_other_commands_are_valid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write(tmp_path / "empty.toml", "")
     monkeypatch.setenv("CITADEL_CONFIG", str(tmp_path / "empty.toml"))
     monkeypatch.setenv("CITADEL_NEW_KEY", "next")
@@ -411,15 +405,23 @@ def test_every_problem_is_reported_at_once(tmp_path: Path, monkeypatch: pytest.M
 
     problems = excinfo.value.problems
     assert len(problems) == 6, problems
-    for fragment in ["'tll'", "contains the passphrase", "CITADEL_TLL", "'soon'", "missing.key",
-                     "sync_mode"]:
+    for fragment in ["'tll'", "contains the passphrase", "CITADEL_TLL", "'soon'", "missing.key", "sync_mode"]:
         assert any(fragment in problem for problem in problems), fragment
 
 
-@pytest.mark.parametrize(("ttl", "seconds"), [
-    ("90s", 90), ("15m", 900), ("24h", 86400), ("7d", 604800), ("3600", 3600), (2.5, 2.5),
-    ("1.5h", 5400), (" 10 S ", 10),
-])
+@pytest.mark.parametrize(
+    ("ttl", "seconds"),
+    [
+        ("90s", 90),
+        ("15m", 900),
+        ("24h", 86400),
+        ("7d", 604800),
+        ("3600", 3600),
+        (2.5, 2.5),
+        ("1.5h", 5400),
+        (" 10 S ", 10),
+    ],
+)
 def test_ttl_takes_seconds_or_a_duration(ttl: object, seconds: float) -> None:
     assert CitadelSettings(key=PASSPHRASE, ttl=ttl).ttl == seconds
 
@@ -465,7 +467,7 @@ def test_an_empty_key_file_is_an_error_naming_it(tmp_path: Path, content: str) -
 
 
 def test_a_missing_key_file_is_an_error_naming_it(tmp_path: Path) -> None:
-    with pytest.raises(ConfigurationError, match="nowhere.key does not exist"):
+    with pytest.raises(ConfigurationError, match=r"nowhere\.key does not exist"):
         CitadelSettings(key_file=tmp_path / "nowhere.key")
 
 
@@ -498,9 +500,10 @@ def test_from_config_opens_the_store_the_settings_describe(tmp_path: Path) -> No
 async def test_from_config_calls_on_one_file_share_the_open_database(tmp_path: Path) -> None:
     config = write(tmp_path / "app.toml", 'argon2_profile = "iot"\n')
 
-    with from_config(config, key=PASSPHRASE) as first, from_config(
-        CitadelSettings(_config_file=config, key=PASSPHRASE)
-    ) as second:
+    with (
+        from_config(config, key=PASSPHRASE) as first,
+        from_config(CitadelSettings(_config_file=config, key=PASSPHRASE)) as second,
+    ):
         await first.session("user-123").add_items([{"role": "user", "content": "hi"}])
 
         assert second.session_ids() == ["user-123"]
@@ -540,7 +543,11 @@ READ_AS_IS = (
 )
 @pytest.mark.parametrize("source", ["CITADEL_KEY_FILE", "secrets directory"])
 def test_a_wrong_passphrase_from_a_file_says_how_the_file_was_read(
-    database: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: str, found: str,
+    database: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    content: str,
+    found: str,
     source: str,
 ) -> None:
     if source == "CITADEL_KEY_FILE":
@@ -574,7 +581,7 @@ def test_a_wrong_passphrase_from_a_variable_gets_no_key_file_hint(
 
 # -- embedders -----------------------------------------------------------------------------
 
-FACTORY_MODULE = '''
+FACTORY_MODULE = """
 import citadeldb
 
 def make(dim=16):
@@ -587,7 +594,7 @@ def broken(**options):
     raise RuntimeError("the model server is down")
 
 NOT_CALLABLE = 42
-'''
+"""
 
 
 @pytest.fixture
@@ -627,7 +634,7 @@ def test_embedder_factory_errors_name_the_cause(factories: str, factory: str, me
 
 
 def test_import_provider_without_a_factory_is_an_error() -> None:
-    with pytest.raises(ConfigurationError, match="needs embedder.factory"):
+    with pytest.raises(ConfigurationError, match=r"needs embedder\.factory"):
         build_embedder(embedder_settings(provider="import"))
 
 
@@ -661,7 +668,9 @@ def test_the_example_file_loads_as_it_stands() -> None:
     assert settings.config_file == EXAMPLE
 
 
-def test_a_table_that_is_not_json_is_listed_with_its_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_table_that_is_not_json_is_listed_with_its_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("CITADEL_KEY", "k")
     monkeypatch.setenv("CITADEL_EMBEDDER", "{not json")
     with pytest.raises(ConfigurationError, match="CITADEL_EMBEDDER is not valid JSON"):

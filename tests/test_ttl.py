@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from test_erasure import memory_of, stored_ids
 
 TTL = 0.4

@@ -127,7 +127,9 @@ def load_dataset(path: Path) -> Dataset:
             continue
         if entry.get("answer_id") and session.items[index].get("id") != entry["answer_id"]:
             problems.append(f"{entry['id']}: item {index} is not {entry['answer_id']} (indices drifted?)")
-        queries.append(Query(entry["id"], entry["session"], entry["query"], index, bool(entry["paraphrastic"])))
+        queries.append(
+            Query(entry["id"], entry["session"], entry["query"], index, bool(entry["paraphrastic"]))
+        )
     if problems:
         raise SystemExit("dataset.json is inconsistent:\n  " + "\n  ".join(problems))
     return Dataset(sessions, queries)
@@ -143,18 +145,201 @@ def is_user(item: Any) -> bool:
 
 # -- lexical overlap: is a query paraphrastic? -------------------------------------------
 
-STOPWORDS = frozenset("""
-a about above after again against all also am an and any are aren't as at be because been before being below
-between both but by can can't could couldn't did didn't do does doesn't doing don't down during each few for from
-further get gets got had hadn't has hasn't have haven't having he her here hers herself him himself his how i if in
-into is isn't it it's its itself just let's me more most much many must my myself no nor not now of off on once only
-or other our ours ourselves out over own same she should shouldn't so some such than that that's the their theirs
-them themselves then there there's these they this those through to too under until up upon us very was wasn't we
-were weren't what what's when where which while who whom why will with won't would wouldn't you you'd you'll you're
-you've your yours yourself yourselves s t re ve ll d m last next one two
-""".split())
-_SUFFIXES = ("ations", "ation", "ments", "ment", "ings", "ing", "ies", "ied", "es", "ed", "ers", "er", "ly", "al",
-             "ance", "ence", "y", "s", "e")
+STOPWORDS = frozenset(
+    [
+        "a",
+        "about",
+        "above",
+        "after",
+        "again",
+        "against",
+        "all",
+        "also",
+        "am",
+        "an",
+        "and",
+        "any",
+        "are",
+        "aren't",
+        "as",
+        "at",
+        "be",
+        "because",
+        "been",
+        "before",
+        "being",
+        "below",
+        "between",
+        "both",
+        "but",
+        "by",
+        "can",
+        "can't",
+        "could",
+        "couldn't",
+        "did",
+        "didn't",
+        "do",
+        "does",
+        "doesn't",
+        "doing",
+        "don't",
+        "down",
+        "during",
+        "each",
+        "few",
+        "for",
+        "from",
+        "further",
+        "get",
+        "gets",
+        "got",
+        "had",
+        "hadn't",
+        "has",
+        "hasn't",
+        "have",
+        "haven't",
+        "having",
+        "he",
+        "her",
+        "here",
+        "hers",
+        "herself",
+        "him",
+        "himself",
+        "his",
+        "how",
+        "i",
+        "if",
+        "in",
+        "into",
+        "is",
+        "isn't",
+        "it",
+        "it's",
+        "its",
+        "itself",
+        "just",
+        "let's",
+        "me",
+        "more",
+        "most",
+        "much",
+        "many",
+        "must",
+        "my",
+        "myself",
+        "no",
+        "nor",
+        "not",
+        "now",
+        "of",
+        "off",
+        "on",
+        "once",
+        "only",
+        "or",
+        "other",
+        "our",
+        "ours",
+        "ourselves",
+        "out",
+        "over",
+        "own",
+        "same",
+        "she",
+        "should",
+        "shouldn't",
+        "so",
+        "some",
+        "such",
+        "than",
+        "that",
+        "that's",
+        "the",
+        "their",
+        "theirs",
+        "them",
+        "themselves",
+        "then",
+        "there",
+        "there's",
+        "these",
+        "they",
+        "this",
+        "those",
+        "through",
+        "to",
+        "too",
+        "under",
+        "until",
+        "up",
+        "upon",
+        "us",
+        "very",
+        "was",
+        "wasn't",
+        "we",
+        "were",
+        "weren't",
+        "what",
+        "what's",
+        "when",
+        "where",
+        "which",
+        "while",
+        "who",
+        "whom",
+        "why",
+        "will",
+        "with",
+        "won't",
+        "would",
+        "wouldn't",
+        "you",
+        "you'd",
+        "you'll",
+        "you're",
+        "you've",
+        "your",
+        "yours",
+        "yourself",
+        "yourselves",
+        "s",
+        "t",
+        "re",
+        "ve",
+        "ll",
+        "d",
+        "m",
+        "last",
+        "next",
+        "one",
+        "two",
+    ]
+)
+_SUFFIXES = (
+    "ations",
+    "ation",
+    "ments",
+    "ment",
+    "ings",
+    "ing",
+    "ies",
+    "ied",
+    "es",
+    "ed",
+    "ers",
+    "er",
+    "ly",
+    "al",
+    "ance",
+    "ence",
+    "y",
+    "s",
+    "e",
+)
 
 
 def stem(word: str) -> str:
@@ -183,7 +368,9 @@ def shares_content_word(query: str, answer: str) -> bool:
 
 
 def paraphrase_report(dataset: Dataset) -> dict[str, Any]:
-    measured = {q.id: not shares_content_word(q.text, search_text(dataset.answer(q))) for q in dataset.queries}
+    measured = {
+        q.id: not shares_content_word(q.text, search_text(dataset.answer(q))) for q in dataset.queries
+    }
     return {
         "measured": measured,
         "count": sum(measured.values()),
@@ -219,14 +406,15 @@ def question_first(dataset: Dataset, query: Query, hits: list[Any]) -> bool | No
     items = dataset.sessions[query.session].items
     if is_user(items[query.answer_index]):
         return None
-    question = next((i for i in reversed(items[:query.answer_index]) if is_user(i)), None)
+    question = next((i for i in reversed(items[: query.answer_index]) if is_user(i)), None)
     asked = rank_of(question, hits) if question is not None else None
     answered = rank_of(items[query.answer_index], hits)
     return asked is not None and (answered is None or asked < answered)
 
 
-def groups(ranks: dict[str, int | None], dataset: Dataset, queries: list[Query],
-           paraphrastic: dict[str, bool]) -> dict[str, dict[str, float]]:
+def groups(
+    ranks: dict[str, int | None], dataset: Dataset, queries: list[Query], paraphrastic: dict[str, bool]
+) -> dict[str, dict[str, float]]:
     named = {
         "all": queries,
         "paraphrastic": [q for q in queries if paraphrastic[q.id]],
@@ -264,7 +452,9 @@ class MemoisedEmbedder:
     def embed_with_cancel(self, texts: list[str], cancel_token: Any = None) -> list[list[float]]:
         missing = list(dict.fromkeys(t for t in texts if t not in self._documents))
         if missing:
-            for text, vector in zip(missing, self.inner.embed_with_cancel(missing, cancel_token)):
+            for text, vector in zip(
+                missing, self.inner.embed_with_cancel(missing, cancel_token), strict=True
+            ):
                 self._documents[text] = list(vector)
         return [self._documents[t] for t in texts]
 
@@ -293,14 +483,16 @@ async def fill(store: CitadelSessionStore, session: Session, batch: int | None =
             await handle.add_items(turn)
         return
     for start in range(0, len(session.items), batch):
-        await handle.add_items(session.items[start:start + batch])
+        await handle.add_items(session.items[start : start + batch])
 
 
 async def package_tops(store: CitadelSessionStore, queries: list[Query]) -> dict[str, list[Any]]:
     return {q.id: await store.session(q.session).search(q.text, limit=LIMIT) for q in queries}
 
 
-async def search_latency(path: str, embedder: Any, session_id: str, texts: list[str], pages: int | None) -> list[float]:
+async def search_latency(
+    path: str, embedder: Any, session_id: str, texts: list[str], pages: int | None
+) -> list[float]:
     """Times (ms) of `await session.search(q, limit=5)`, one per text, after reopening the file."""
     store = open_store(path, embedder, cache_size=pages)
     try:
@@ -328,8 +520,11 @@ def embedding_latency(embedder: MemoisedEmbedder, texts: list[str]) -> list[floa
 
 def summary(samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples)
-    return {"median_ms": statistics.median(ordered), "p90_ms": ordered[int(0.9 * (len(ordered) - 1))],
-            "samples": len(ordered)}
+    return {
+        "median_ms": statistics.median(ordered),
+        "p90_ms": ordered[int(0.9 * (len(ordered) - 1))],
+        "samples": len(ordered),
+    }
 
 
 # -- variants, on raw citadeldb in the package's layout ---------------------------------------
@@ -397,7 +592,9 @@ class Variant:
         if self.merge != "relevance":
             parts.append(f"merge by {self.merge}")
         if self.users == "penalised":
-            parts.append(f"user items {'distance x' if self.merge == 'distance' else 'relevance -'}{self.penalty:g}")
+            parts.append(
+                f"user items {'distance x' if self.merge == 'distance' else 'relevance -'}{self.penalty:g}"
+            )
         elif self.users != "ranked":
             parts.append(f"user items {self.users}")
         if self.k != LIMIT:
@@ -420,17 +617,21 @@ def variant_grid(scope: str, quick: bool) -> list[tuple[str, Variant]]:
     weights = [(1, 0, 0, 0), (0, 1, 0, 0), (0.7, 0.3, 0, 0), (0.5, 0.5, 0, 0), (0.3, 0.7, 0, 0)]
     if scope == "scale":
         weights = [(1, 0, 0, 0), (0.7, 0.3, 0, 0)]
-    chosen = [BASELINE] + [Variant(weights=w) for w in weights] + [
-        Variant(users="dropped"),
-        Variant(users="penalised", penalty=0.2),
-        Variant(merge="distance"),
-        Variant(merge="distance", users="dropped"),
-        Variant(merge="distance", users="penalised", penalty=1.2),
-        RECOMMENDED,
-        Variant(merge="distance", users="penalised", penalty=1.5),
-        # Candidates by vector alone: is the per-segment hybrid recall what limits the merge?
-        Variant(weights=(1, 0, 0, 0), merge="distance", users="penalised", penalty=1.3),
-    ]
+    chosen = (
+        [BASELINE]
+        + [Variant(weights=w) for w in weights]
+        + [
+            Variant(users="dropped"),
+            Variant(users="penalised", penalty=0.2),
+            Variant(merge="distance"),
+            Variant(merge="distance", users="dropped"),
+            Variant(merge="distance", users="penalised", penalty=1.2),
+            RECOMMENDED,
+            Variant(merge="distance", users="penalised", penalty=1.5),
+            # Candidates by vector alone: is the per-segment hybrid recall what limits the merge?
+            Variant(weights=(1, 0, 0, 0), merge="distance", users="penalised", penalty=1.3),
+        ]
+    )
     if scope == "scale":
         chosen = [v for v in chosen if v.penalty not in (1.2, 1.5)]
     pairs = [(text, v) for text in TEXTS for v in chosen]
@@ -451,7 +652,9 @@ class RawIndex:
 
     def __init__(self, path: str, embedder: MemoisedEmbedder) -> None:
         # sync_mode "off" only speeds up building; searches read the same pages.
-        options = citadeldb.DatabaseOptions(argon2_profile="iot", sync_mode="off", cache_size=DEFAULT_CACHE_PAGES)
+        options = citadeldb.DatabaseOptions(
+            argon2_profile="iot", sync_mode="off", cache_size=DEFAULT_CACHE_PAGES
+        )
         self.db = citadeldb.connect(path, key=KEY, region_keys=True, options=options)
         self.memory = self.db.memory()
         self.embedder = embedder
@@ -487,9 +690,18 @@ class RawIndex:
         if key not in self._recalled:
             options = RecallOptions(weights=variant.weights) if variant.weights is not None else None
             self._recalled[key] = [
-                [Hit(h.id, h.relevance or 0.0, h.distance if h.distance is not None else 2.0, h.text, h.payload)
-                 for h in self.memory.recall(region, text=query, embedding=vector, k=variant.k,
-                                             kinds=[ITEM_KIND], options=options)]
+                [
+                    Hit(
+                        h.id,
+                        h.relevance or 0.0,
+                        h.distance if h.distance is not None else 2.0,
+                        h.text,
+                        h.payload,
+                    )
+                    for h in self.memory.recall(
+                        region, text=query, embedding=vector, k=variant.k, kinds=[ITEM_KIND], options=options
+                    )
+                ]
                 for region in self.segments[session_id]
             ]
         return self._recalled[key]
@@ -534,7 +746,9 @@ def replies_first(hits: list[Hit], user: dict[int, bool]) -> list[Hit]:
 
 
 def raw_tops(index: RawIndex, queries: list[Query], variant: Variant) -> dict[str, list[Any]]:
-    return {q.id: index.search(q.session, q.text, index.embedder.embed_query(q.text), variant) for q in queries}
+    return {
+        q.id: index.search(q.session, q.text, index.embedder.embed_query(q.text), variant) for q in queries
+    }
 
 
 def raw_latency(index: RawIndex, session_id: str, texts: list[str], variant: Variant) -> list[float]:
@@ -544,10 +758,13 @@ def raw_latency(index: RawIndex, session_id: str, texts: list[str], variant: Var
         start = time.perf_counter()
         vector = list(index.embedder.embed_queries_with_cancel([text])[0])
         options = RecallOptions(weights=variant.weights) if variant.weights is not None else None
-        hits = [Hit(h.id, h.relevance or 0.0, h.distance if h.distance is not None else 2.0, h.text, h.payload)
-                for region in index.segments[session_id]
-                for h in index.memory.recall(region, text=text, embedding=vector, k=variant.k,
-                                             kinds=[ITEM_KIND], options=options)]
+        hits = [
+            Hit(h.id, h.relevance or 0.0, h.distance if h.distance is not None else 2.0, h.text, h.payload)
+            for region in index.segments[session_id]
+            for h in index.memory.recall(
+                region, text=text, embedding=vector, k=variant.k, kinds=[ITEM_KIND], options=options
+            )
+        ]
         [json.loads(hit.payload) for hit in rank(hits, variant)]
         samples.append((time.perf_counter() - start) * 1000)
     return samples[LATENCY_WARMUP:]
@@ -560,25 +777,40 @@ def default_weights_hold(directory: str) -> bool:
     alone (min-max normalised over the candidates); the default relevance must be their
     weighted sum for every hit.
     """
-    db = citadeldb.connect(os.path.join(directory, "weights.cdl"), key=KEY,
-                           options=citadeldb.DatabaseOptions(argon2_profile="iot", sync_mode="off"))
+    db = citadeldb.connect(
+        os.path.join(directory, "weights.cdl"),
+        key=KEY,
+        options=citadeldb.DatabaseOptions(argon2_profile="iot", sync_mode="off"),
+    )
     try:
         memory = db.memory()
         embedder = citadeldb.MockEmbedder(dim=64)
         memory.create_region("w", embedder)
-        texts = ["the dog is called Mochi", "Mochi likes the park", "rain in Lisbon today", "dog food prices rose",
-                 "a cat named Tom", "parks in Berlin"]
-        for text, importance in zip(texts, (0.1, 0.9, 0.5, 0.0, 0.3, 0.7)):
+        texts = [
+            "the dog is called Mochi",
+            "Mochi likes the park",
+            "rain in Lisbon today",
+            "dog food prices rose",
+            "a cat named Tom",
+            "parks in Berlin",
+        ]
+        for text, importance in zip(texts, (0.1, 0.9, 0.5, 0.0, 0.3, 0.7), strict=True):
             memory.remember("w", {"kind": ITEM_KIND, "text": text, "payload": text, "importance": importance})
         vector = embedder.embed_queries(["dog park"])[0]
 
         def relevance(weights: tuple[float, ...] | None) -> dict[int, float]:
             options = RecallOptions(weights=weights) if weights else None
-            return {h.id: h.relevance for h in memory.recall("w", text="dog park", embedding=vector, k=6, options=options)}
+            return {
+                h.id: h.relevance
+                for h in memory.recall("w", text="dog park", embedding=vector, k=6, options=options)
+            }
 
         default = relevance(None)
         parts = [relevance(tuple(float(i == j) for j in range(4))) for i in range(4)]
-        return all(abs(default[i] - sum(w * part[i] for w, part in zip(DEFAULT_WEIGHTS, parts))) < 1e-4 for i in default)
+        return all(
+            abs(default[i] - sum(w * part[i] for w, part in zip(DEFAULT_WEIGHTS, parts, strict=True))) < 1e-4
+            for i in default
+        )
     finally:
         db.close()
 
@@ -587,38 +819,141 @@ def default_weights_hold(directory: str) -> bool:
 
 # Filler: small talk a long-lived assistant session accumulates, from varied templates so
 # that near-duplicates stay rare (a few templates would flood every top 5 with copies).
-_CITIES = [("Tokyo", 7), ("New York", -6), ("Sydney", 8), ("Sao Paulo", -5), ("Delhi", 3.5), ("Reykjavik", -2),
-           ("Nairobi", 1), ("Vancouver", -9), ("Seoul", 7), ("Cairo", 1), ("Mexico City", -7), ("Dubai", 2),
-           ("Singapore", 6), ("Honolulu", -12), ("Moscow", 1)]
-_SYNONYMS = [("happy", "cheerful"), ("big", "large"), ("quick", "rapid"), ("smart", "clever"), ("tired", "weary"),
-             ("angry", "furious"), ("begin", "commence"), ("show", "display"), ("help", "assist"), ("end", "finish"),
-             ("funny", "amusing"), ("sad", "gloomy"), ("brave", "bold"), ("calm", "serene"), ("odd", "peculiar"),
-             ("rich", "wealthy"), ("tiny", "minute"), ("wise", "sage"), ("loud", "noisy"), ("old", "ancient")]
-_TASKS = ["water the plants", "call grandma", "buy stamps", "pick up the dry cleaning", "take the bins out",
-          "send the birthday card", "charge the bike battery", "defrost the freezer", "book a haircut",
-          "return the library books", "walk the dog", "renew the parking permit", "clean the gutters",
-          "order printer ink", "back up the laptop", "pay the window cleaner", "feed the neighbour's cat",
-          "collect the kids from football", "change the bed sheets", "buy a present for Lena"]
+_CITIES = [
+    ("Tokyo", 7),
+    ("New York", -6),
+    ("Sydney", 8),
+    ("Sao Paulo", -5),
+    ("Delhi", 3.5),
+    ("Reykjavik", -2),
+    ("Nairobi", 1),
+    ("Vancouver", -9),
+    ("Seoul", 7),
+    ("Cairo", 1),
+    ("Mexico City", -7),
+    ("Dubai", 2),
+    ("Singapore", 6),
+    ("Honolulu", -12),
+    ("Moscow", 1),
+]
+_SYNONYMS = [
+    ("happy", "cheerful"),
+    ("big", "large"),
+    ("quick", "rapid"),
+    ("smart", "clever"),
+    ("tired", "weary"),
+    ("angry", "furious"),
+    ("begin", "commence"),
+    ("show", "display"),
+    ("help", "assist"),
+    ("end", "finish"),
+    ("funny", "amusing"),
+    ("sad", "gloomy"),
+    ("brave", "bold"),
+    ("calm", "serene"),
+    ("odd", "peculiar"),
+    ("rich", "wealthy"),
+    ("tiny", "minute"),
+    ("wise", "sage"),
+    ("loud", "noisy"),
+    ("old", "ancient"),
+]
+_TASKS = [
+    "water the plants",
+    "call grandma",
+    "buy stamps",
+    "pick up the dry cleaning",
+    "take the bins out",
+    "send the birthday card",
+    "charge the bike battery",
+    "defrost the freezer",
+    "book a haircut",
+    "return the library books",
+    "walk the dog",
+    "renew the parking permit",
+    "clean the gutters",
+    "order printer ink",
+    "back up the laptop",
+    "pay the window cleaner",
+    "feed the neighbour's cat",
+    "collect the kids from football",
+    "change the bed sheets",
+    "buy a present for Lena",
+]
 _DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
-_CAPITALS = [("Peru", "Lima"), ("Kenya", "Nairobi"), ("Norway", "Oslo"), ("Vietnam", "Hanoi"), ("Chile", "Santiago"),
-             ("Ghana", "Accra"), ("Canada", "Ottawa"), ("Poland", "Warsaw"), ("Egypt", "Cairo"),
-             ("Nepal", "Kathmandu"), ("Australia", "Canberra"), ("Morocco", "Rabat"), ("Iceland", "Reykjavik"),
-             ("Colombia", "Bogota"), ("Finland", "Helsinki"), ("Mongolia", "Ulaanbaatar")]
-_WORDS = {"apple": ("manzana", "Apfel", "pomme"), "window": ("ventana", "Fenster", "fenetre"),
-          "cloud": ("nube", "Wolke", "nuage"), "bridge": ("puente", "Bruecke", "pont"),
-          "butterfly": ("mariposa", "Schmetterling", "papillon"), "library": ("biblioteca", "Bibliothek", "bibliotheque"),
-          "mountain": ("montana", "Berg", "montagne"), "spoon": ("cuchara", "Loeffel", "cuillere"),
-          "river": ("rio", "Fluss", "riviere"), "key": ("llave", "Schluessel", "cle")}
+_CAPITALS = [
+    ("Peru", "Lima"),
+    ("Kenya", "Nairobi"),
+    ("Norway", "Oslo"),
+    ("Vietnam", "Hanoi"),
+    ("Chile", "Santiago"),
+    ("Ghana", "Accra"),
+    ("Canada", "Ottawa"),
+    ("Poland", "Warsaw"),
+    ("Egypt", "Cairo"),
+    ("Nepal", "Kathmandu"),
+    ("Australia", "Canberra"),
+    ("Morocco", "Rabat"),
+    ("Iceland", "Reykjavik"),
+    ("Colombia", "Bogota"),
+    ("Finland", "Helsinki"),
+    ("Mongolia", "Ulaanbaatar"),
+]
+_WORDS = {
+    "apple": ("manzana", "Apfel", "pomme"),
+    "window": ("ventana", "Fenster", "fenetre"),
+    "cloud": ("nube", "Wolke", "nuage"),
+    "bridge": ("puente", "Bruecke", "pont"),
+    "butterfly": ("mariposa", "Schmetterling", "papillon"),
+    "library": ("biblioteca", "Bibliothek", "bibliotheque"),
+    "mountain": ("montana", "Berg", "montagne"),
+    "spoon": ("cuchara", "Loeffel", "cuillere"),
+    "river": ("rio", "Fluss", "riviere"),
+    "key": ("llave", "Schluessel", "cle"),
+}
 _LANGUAGES = ("Spanish", "German", "French")
-_LANDMARKS = [("the Eiffel Tower", 330), ("Big Ben's tower", 96), ("the Statue of Liberty", 93),
-              ("the Burj Khalifa", 828), ("the Leaning Tower of Pisa", 56), ("the Space Needle", 184),
-              ("Cologne Cathedral", 157), ("the CN Tower", 553), ("the Great Pyramid", 139), ("Tokyo Skytree", 634)]
-_GROCERIES = ["eggs", "oat milk", "tomatoes", "apples", "batteries", "rice", "coffee beans", "dish soap", "lemons",
-              "yoghurt", "onions", "bin bags", "toothpaste", "bananas", "flour", "cheddar"]
-_FILMS = [("comedy", "Paddington 2", 2017), ("thriller", "Knives Out", 2019), ("sci-fi", "Arrival", 2016),
-          ("animated", "Spirited Away", 2001), ("drama", "The Farewell", 2019), ("documentary", "Free Solo", 2018),
-          ("musical", "La La Land", 2016), ("western", "True Grit", 2010), ("horror", "A Quiet Place", 2018),
-          ("romance", "Before Sunrise", 1995)]
+_LANDMARKS = [
+    ("the Eiffel Tower", 330),
+    ("Big Ben's tower", 96),
+    ("the Statue of Liberty", 93),
+    ("the Burj Khalifa", 828),
+    ("the Leaning Tower of Pisa", 56),
+    ("the Space Needle", 184),
+    ("Cologne Cathedral", 157),
+    ("the CN Tower", 553),
+    ("the Great Pyramid", 139),
+    ("Tokyo Skytree", 634),
+]
+_GROCERIES = [
+    "eggs",
+    "oat milk",
+    "tomatoes",
+    "apples",
+    "batteries",
+    "rice",
+    "coffee beans",
+    "dish soap",
+    "lemons",
+    "yoghurt",
+    "onions",
+    "bin bags",
+    "toothpaste",
+    "bananas",
+    "flour",
+    "cheddar",
+]
+_FILMS = [
+    ("comedy", "Paddington 2", 2017),
+    ("thriller", "Knives Out", 2019),
+    ("sci-fi", "Arrival", 2016),
+    ("animated", "Spirited Away", 2001),
+    ("drama", "The Farewell", 2019),
+    ("documentary", "Free Solo", 2018),
+    ("musical", "La La Land", 2016),
+    ("western", "True Grit", 2010),
+    ("horror", "A Quiet Place", 2018),
+    ("romance", "Before Sunrise", 1995),
+]
 _WEATHER = ["sunny", "overcast", "drizzly", "windy", "foggy", "snowing lightly", "clear but cold", "humid"]
 
 
@@ -636,26 +971,40 @@ def _filler_turn(rng: random.Random) -> tuple[str, str]:
     if kind == 3:
         (city, offset), hour = rng.choice(_CITIES), rng.randint(0, 23)
         local = (hour + offset) % 24
-        return (f"What time is it in {city} when it's {hour}:00 in Berlin?",
-                f"When it's {hour}:00 in Berlin it's {int(local)}:{'30' if local % 1 else '00'} in {city}.")
+        return (
+            f"What time is it in {city} when it's {hour}:00 in Berlin?",
+            f"When it's {hour}:00 in Berlin it's {int(local)}:{'30' if local % 1 else '00'} in {city}.",
+        )
     if kind == 4:
         word, synonym = rng.choice(_SYNONYMS)
-        return (f"Another word for '{word}' in paragraph {n} of my essay?",
-                f"In paragraph {n}, '{synonym}' works well instead of '{word}'.")
+        return (
+            f"Another word for '{word}' in paragraph {n} of my essay?",
+            f"In paragraph {n}, '{synonym}' works well instead of '{word}'.",
+        )
     if kind == 5:
         task, day, hour = rng.choice(_TASKS), rng.choice(_DAYS), rng.randint(7, 21)
-        return f"Remind me to {task} on {day} at {hour}:00.", f"Okay, I'll remind you to {task} on {day} at {hour}:00."
+        return (
+            f"Remind me to {task} on {day} at {hour}:00.",
+            f"Okay, I'll remind you to {task} on {day} at {hour}:00.",
+        )
     if kind == 6:
         country, capital = rng.choice(_CAPITALS)
-        return f"Quiz round {n}: what's the capital of {country}?", f"Round {n}: the capital of {country} is {capital}."
+        return (
+            f"Quiz round {n}: what's the capital of {country}?",
+            f"Round {n}: the capital of {country} is {capital}.",
+        )
     if kind == 7:
         word, language = rng.choice(list(_WORDS)), rng.randrange(3)
-        return (f"How do you say '{word}' in {_LANGUAGES[language]}? (flashcard {n})",
-                f"Flashcard {n}: '{word}' is '{_WORDS[word][language]}' in {_LANGUAGES[language]}.")
+        return (
+            f"How do you say '{word}' in {_LANGUAGES[language]}? (flashcard {n})",
+            f"Flashcard {n}: '{word}' is '{_WORDS[word][language]}' in {_LANGUAGES[language]}.",
+        )
     if kind == 8:
         landmark, metres = rng.choice(_LANDMARKS)
-        return (f"How tall is {landmark}, in feet? Asking for trivia night #{n}.",
-                f"For trivia night #{n}: {landmark} is about {metres} m, roughly {round(metres * 3.281)} ft.")
+        return (
+            f"How tall is {landmark}, in feet? Asking for trivia night #{n}.",
+            f"For trivia night #{n}: {landmark} is about {metres} m, roughly {round(metres * 3.281)} ft.",
+        )
     if kind == 9:
         item, count = rng.choice(_GROCERIES), rng.randint(1, 12)
         return (f"Add {count} {item} to shopping list {n}.", f"Added {count} x {item} to shopping list {n}.")
@@ -663,8 +1012,10 @@ def _filler_turn(rng: random.Random) -> tuple[str, str]:
         genre, title, year = rng.choice(_FILMS)
         return (f"Suggest a {genre} film for movie night {n}.", f"For movie night {n}: '{title}' ({year}).")
     city, condition, temp = rng.choice(_CITIES)[0], rng.choice(_WEATHER), rng.randint(-5, 34)
-    return (f"What's the weather in {city} right now? (check {n})",
-            f"Check {n}: it's {temp} C and {condition} in {city}.")
+    return (
+        f"What's the weather in {city} right now? (check {n})",
+        f"Check {n}: it's {temp} C and {condition} in {city}.",
+    )
 
 
 def padded(session: Session, total: int) -> Session:
@@ -697,8 +1048,13 @@ def padded(session: Session, total: int) -> Session:
 
 
 def _assistant(message_id: str, text: str) -> dict[str, Any]:
-    return {"type": "message", "role": "assistant", "status": "completed", "id": message_id,
-            "content": [{"type": "output_text", "text": text, "annotations": []}]}
+    return {
+        "type": "message",
+        "role": "assistant",
+        "status": "completed",
+        "id": message_id,
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
 
 
 def scaled(dataset: Dataset, queries: list[Query]) -> tuple[Dataset, list[Query]]:
@@ -707,7 +1063,9 @@ def scaled(dataset: Dataset, queries: list[Query]) -> tuple[Dataset, list[Query]
     moved = []
     for q in queries:
         keys = [item_key(item) for item in sessions[q.session].items]
-        moved.append(Query(q.id, q.session, q.text, keys.index(item_key(dataset.answer(q))), q.labelled_paraphrastic))
+        moved.append(
+            Query(q.id, q.session, q.text, keys.index(item_key(dataset.answer(q))), q.labelled_paraphrastic)
+        )
     return Dataset(sessions, moved), moved
 
 
@@ -717,8 +1075,15 @@ def scaled(dataset: Dataset, queries: list[Query]) -> tuple[Dataset, list[Query]
 class Evaluation:
     """One embedder's rows (quality per scope, text and variant), latencies and checks."""
 
-    def __init__(self, name: str, dataset: Dataset, queries: list[Query], paraphrastic: dict[str, bool],
-                 directory: str, log: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        name: str,
+        dataset: Dataset,
+        queries: list[Query],
+        paraphrastic: dict[str, bool],
+        directory: str,
+        log: Callable[[str], None],
+    ) -> None:
         self.name, self.dataset, self.queries, self.paraphrastic = name, dataset, queries, paraphrastic
         self.directory, self.log = directory, log
         started = time.perf_counter()
@@ -729,13 +1094,25 @@ class Evaluation:
         self.agreement: str | None = None
         self.latency: dict[str, Any] = {}
 
-    def add_row(self, scope: str, text: str, variant: str, tops: dict[str, list[Any]], dataset: Dataset,
-                queries: list[Query]) -> None:
+    def add_row(
+        self,
+        scope: str,
+        text: str,
+        variant: str,
+        tops: dict[str, list[Any]],
+        dataset: Dataset,
+        queries: list[Query],
+    ) -> None:
         ranks = {q.id: rank_of(dataset.answer(q), tops[q.id]) for q in queries}
         asked_first = [f for q in queries if (f := question_first(dataset, q, tops[q.id])) is not None]
-        row = {"scope": scope, "text": text, "variant": variant,
-               "metrics": groups(ranks, dataset, queries, self.paraphrastic),
-               "question_above_answer": sum(asked_first) / len(asked_first), "ranks": ranks}
+        row = {
+            "scope": scope,
+            "text": text,
+            "variant": variant,
+            "metrics": groups(ranks, dataset, queries, self.paraphrastic),
+            "question_above_answer": sum(asked_first) / len(asked_first),
+            "ranks": ranks,
+        }
         self.rows.append(row)
         self.log(f"[{self.name}] {scope:8} {text:12} {variant:62} {fmt(row['metrics']['all'])}")
 
@@ -752,8 +1129,9 @@ class Evaluation:
         raw = self.variants("dataset", self.dataset, self.queries, quick)
         self.checks["raw baseline = package (dataset)"] = raw == package
 
-    def variants(self, scope: str, dataset: Dataset, queries: list[Query], quick: bool,
-                 per_session_files: bool = False) -> dict[str, list[Any]]:
+    def variants(
+        self, scope: str, dataset: Dataset, queries: list[Query], quick: bool, per_session_files: bool = False
+    ) -> dict[str, list[Any]]:
         """Evaluate the grid; return the raw baseline's top 5 per query (for the parity check)."""
         baseline: dict[str, list[Any]] = {}
         grid = variant_grid(scope, quick)
@@ -770,9 +1148,13 @@ class Evaluation:
                 index.close()
         return baseline
 
-    def indexes(self, scope: str, text: str, dataset: Dataset, per_session_files: bool) -> dict[str, RawIndex]:
+    def indexes(
+        self, scope: str, text: str, dataset: Dataset, per_session_files: bool
+    ) -> dict[str, RawIndex]:
         def index_of(sessions: list[Session], name: str) -> RawIndex:
-            index = RawIndex(os.path.join(self.directory, f"{self.name}-{scope}-{text}-{name}.cdl"), self.embedder)
+            index = RawIndex(
+                os.path.join(self.directory, f"{self.name}-{scope}-{text}-{name}.cdl"), self.embedder
+            )
             for session in sessions:
                 index.add_session(session, TEXTS[text])
             return index
@@ -806,23 +1188,33 @@ class Evaluation:
                 await fill(store, session, batch=100)
         finally:
             store.close()
-        await self.latencies(big, first, {"alone in its file": alone,
-                                           f"in a file of {SCALE_ITEMS * len(big.sessions):,} items": crowded})
+        await self.latencies(
+            big,
+            first,
+            {"alone in its file": alone, f"in a file of {SCALE_ITEMS * len(big.sessions):,} items": crowded},
+        )
 
     async def latencies(self, big: Dataset, session: Session, files: dict[str, str]) -> None:
         """Every configuration in turn, round after round; medians of the pooled samples."""
         texts = [q.text for q in self.queries][:LATENCY_QUERIES]
-        raw = {text: RawIndex(os.path.join(self.directory, f"{self.name}-latency-{text}.cdl"), self.embedder)
-               for text in ("own", RECOMMENDED_TEXT)}
+        raw = {
+            text: RawIndex(os.path.join(self.directory, f"{self.name}-latency-{text}.cdl"), self.embedder)
+            for text in ("own", RECOMMENDED_TEXT)
+        }
         for text, index in raw.items():
             index.add_session(session, TEXTS[text])
         samples: dict[str, list[float]] = {}
         for _ in range(LATENCY_ROUNDS):
             samples.setdefault("query embedding alone", []).extend(embedding_latency(self.embedder, texts))
             for where, path in files.items():
-                for label, pages in (("store's default page cache", None), (f"cache_size={SMALL_CACHE_PAGES}", SMALL_CACHE_PAGES)):
+                for label, pages in (
+                    ("store's default page cache", None),
+                    (f"cache_size={SMALL_CACHE_PAGES}", SMALL_CACHE_PAGES),
+                ):
                     key = f"package: {SCALE_ITEMS}-item session {where}, {label}"
-                    samples.setdefault(key, []).extend(await search_latency(path, self.embedder, session.id, texts, pages))
+                    samples.setdefault(key, []).extend(
+                        await search_latency(path, self.embedder, session.id, texts, pages)
+                    )
             for text, variant in (("own", BASELINE), (RECOMMENDED_TEXT, RECOMMENDED)):
                 key = f"raw citadeldb, session alone in its file, the store's page cache: {text}, {variant.label}"
                 samples.setdefault(key, []).extend(raw_latency(raw[text], session.id, texts, variant))
@@ -833,8 +1225,13 @@ class Evaluation:
             self.log(f"[{self.name}] latency {key}: {self.latency[key]['median_ms']:.1f} ms")
 
     def report(self) -> dict[str, Any]:
-        return {"model_id": self.embedder.model_id, "rows": self.rows, "latency": self.latency, "checks": self.checks,
-                "scale_answer_rank_agreement": self.agreement}
+        return {
+            "model_id": self.embedder.model_id,
+            "rows": self.rows,
+            "latency": self.latency,
+            "checks": self.checks,
+            "scale_answer_rank_agreement": self.agreement,
+        }
 
 
 def fmt(m: dict[str, float]) -> str:
@@ -853,22 +1250,36 @@ def markdown(report: dict[str, Any]) -> str:
         "Q>A: share of queries whose answer is a reply and whose question (the user message before it) "
         "ranks above it.",
         "",
-        "| scope | indexed text | variant | " + " | ".join(f"{n} R@1 | {n} R@5 | {n} MRR | {n} Q>A" for n in names) + " |",
+        "| scope | indexed text | variant | "
+        + " | ".join(f"{n} R@1 | {n} R@5 | {n} MRR | {n} Q>A" for n in names)
+        + " |",
         "|---|---|---|" + "---:|---:|---:|---:|" * len(names),
     ]
-    rows = {n: {(r["scope"], r["text"], r["variant"]): r for r in report["embedders"][n]["rows"]} for n in names}
+    rows = {
+        n: {(r["scope"], r["text"], r["variant"]): r for r in report["embedders"][n]["rows"]} for n in names
+    }
     for key in rows[names[0]]:
         cells = []
         for n in names:
             m = rows[n][key]["metrics"]["all"]
-            cells.append(f"{m['recall@1']:.3f} | {m['recall@5']:.3f} | {m['mrr']:.3f} | "
-                         f"{rows[n][key]['question_above_answer']:.2f}")
+            cells.append(
+                f"{m['recall@1']:.3f} | {m['recall@5']:.3f} | {m['mrr']:.3f} | "
+                f"{rows[n][key]['question_above_answer']:.2f}"
+            )
         lines.append(f"| {' | '.join(key)} | " + " | ".join(cells) + " |")
-    lines += ["", "By query group, R@1 / R@5 / MRR (n):", "",
-              "| embedder | scope | indexed text | variant | paraphrastic | lexical | answer is a user item |",
-              "|---|---|---|---|---|---|---|"]
-    shown = {("dataset", "own", "package (public API)"), ("dataset", RECOMMENDED_TEXT, RECOMMENDED.label),
-             ("scale", "own", BASELINE.label), ("scale", RECOMMENDED_TEXT, RECOMMENDED.label)}
+    lines += [
+        "",
+        "By query group, R@1 / R@5 / MRR (n):",
+        "",
+        "| embedder | scope | indexed text | variant | paraphrastic | lexical | answer is a user item |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    shown = {
+        ("dataset", "own", "package (public API)"),
+        ("dataset", RECOMMENDED_TEXT, RECOMMENDED.label),
+        ("scale", "own", BASELINE.label),
+        ("scale", RECOMMENDED_TEXT, RECOMMENDED.label),
+    }
     for n in names:
         for key, row in rows[n].items():
             if key not in shown:
@@ -876,13 +1287,20 @@ def markdown(report: dict[str, Any]) -> str:
             cells = []
             for g in ("paraphrastic", "lexical", "answer is a user item"):
                 m = row["metrics"].get(g)
-                cells.append(f"{m['recall@1']:.2f} / {m['recall@5']:.2f} / {m['mrr']:.2f} ({m['n']})" if m else "-")
+                cells.append(
+                    f"{m['recall@1']:.2f} / {m['recall@5']:.2f} / {m['mrr']:.2f} ({m['n']})" if m else "-"
+                )
             lines.append(f"| {n} | {' | '.join(key)} | " + " | ".join(cells) + " |")
     if any(report["embedders"][n]["latency"] for n in names):
-        lines += ["", f"Latency, ms (median / p90 of {LATENCY_ROUNDS} rounds x {LATENCY_QUERIES} queries, "
-                  "configurations taking turns); load average "
-                  f"{report['machine']['loadavg_start']:.1f} at start, {report['machine']['loadavg_end']:.1f} at end:", "",
-                  "| measurement | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+        lines += [
+            "",
+            f"Latency, ms (median / p90 of {LATENCY_ROUNDS} rounds x {LATENCY_QUERIES} queries, "
+            "configurations taking turns); load average "
+            f"{report['machine']['loadavg_start']:.1f} at start, {report['machine']['loadavg_end']:.1f} at end:",
+            "",
+            "| measurement | " + " | ".join(names) + " |",
+            "|---|" + "---:|" * len(names),
+        ]
         keys = list(dict.fromkeys(k for n in names for k in report["embedders"][n]["latency"]))
         for key in keys:
             cells = []
@@ -893,33 +1311,53 @@ def markdown(report: dict[str, Any]) -> str:
     if "minilm" in report["embedders"]:
         lines += ["", *targets(report["embedders"]["minilm"])]
     weights = report["citadel_default_weights"]
-    lines += ["", f"Citadel's default weights are {tuple(weights['weights'])} (semantic, keyword, recency, importance): "
-              + ("yes" if weights["hold"] else "NO")]
-    lines += ["Checks: " + "; ".join(f"{n}: {k}: {'yes' if v else 'NO'}"
-                                     for n in names for k, v in report["embedders"][n]["checks"].items())]
-    agreements = [(n, e["scale_answer_rank_agreement"]) for n, e in report["embedders"].items()
-                  if e["scale_answer_rank_agreement"]]
+    lines += [
+        "",
+        f"Citadel's default weights are {tuple(weights['weights'])} (semantic, keyword, recency, importance): "
+        + ("yes" if weights["hold"] else "NO"),
+    ]
+    lines += [
+        "Checks: "
+        + "; ".join(
+            f"{n}: {k}: {'yes' if v else 'NO'}"
+            for n in names
+            for k, v in report["embedders"][n]["checks"].items()
+        )
+    ]
+    agreements = [
+        (n, e["scale_answer_rank_agreement"])
+        for n, e in report["embedders"].items()
+        if e["scale_answer_rank_agreement"]
+    ]
     if agreements:
-        lines.append(f"Package vs raw baseline on the {SCALE_ITEMS}-item session, same answer rank: "
-                     + ", ".join(f"{n} {a} queries" for n, a in agreements)
-                     + " (hybrid recall on full segments is not deterministic across builds).")
+        lines.append(
+            f"Package vs raw baseline on the {SCALE_ITEMS}-item session, same answer rank: "
+            + ", ".join(f"{n} {a} queries" for n, a in agreements)
+            + " (hybrid recall on full segments is not deterministic across builds)."
+        )
     return "\n".join(lines)
 
 
 def targets(minilm: dict[str, Any]) -> list[str]:
     """The issue's targets for all-MiniLM-L6-v2, met or not, today and with the recommended variant."""
     rows = {(r["scope"], r["text"], r["variant"]): r["metrics"]["all"] for r in minilm["rows"]}
-    lines = [f"Targets, all-MiniLM-L6-v2 (recall@5 >= {TARGETS['recall@5']}, recall@1 >= {TARGETS['recall@1']}, "
-             f"median search <= {TARGETS['search_ms']:g} ms on a {SCALE_ITEMS}-item session):"]
-    for label, key in (("package (public API)", ("dataset", PACKAGE_TEXT, "package (public API)")),
-                       ("before (own text, relevance merge)", ("dataset", "own", BASELINE.label)),
-                       (f"package, {SCALE_ITEMS}-item sessions", ("scale", PACKAGE_TEXT, PACKAGE.label)),
-                       (f"before, {SCALE_ITEMS}-item sessions", ("scale", "own", BASELINE.label))):
+    lines = [
+        f"Targets, all-MiniLM-L6-v2 (recall@5 >= {TARGETS['recall@5']}, recall@1 >= {TARGETS['recall@1']}, "
+        f"median search <= {TARGETS['search_ms']:g} ms on a {SCALE_ITEMS}-item session):"
+    ]
+    for label, key in (
+        ("package (public API)", ("dataset", PACKAGE_TEXT, "package (public API)")),
+        ("before (own text, relevance merge)", ("dataset", "own", BASELINE.label)),
+        (f"package, {SCALE_ITEMS}-item sessions", ("scale", PACKAGE_TEXT, PACKAGE.label)),
+        (f"before, {SCALE_ITEMS}-item sessions", ("scale", "own", BASELINE.label)),
+    ):
         m = rows.get(key)
         if m:
             met = m["recall@5"] >= TARGETS["recall@5"] and m["recall@1"] >= TARGETS["recall@1"]
-            lines.append(f"- {label}: recall@5 {m['recall@5']:.3f}, recall@1 {m['recall@1']:.3f}: "
-                         f"{'met' if met else 'NOT met'}")
+            lines.append(
+                f"- {label}: recall@5 {m['recall@5']:.3f}, recall@1 {m['recall@1']:.3f}: "
+                f"{'met' if met else 'NOT met'}"
+            )
     for key, lat in minilm["latency"].items():
         if key.startswith("package:"):
             met = lat["median_ms"] <= TARGETS["search_ms"]
@@ -932,22 +1370,41 @@ async def run(args: argparse.Namespace) -> int:
     dataset = load_dataset(args.dataset)
     paraphrase = paraphrase_report(dataset)
     # Quick: every n-th query, so that each session is represented.
-    queries = dataset.queries[:: len(dataset.queries) // QUICK_QUERIES][:QUICK_QUERIES] if args.quick else dataset.queries
+    queries = (
+        dataset.queries[:: len(dataset.queries) // QUICK_QUERIES][:QUICK_QUERIES]
+        if args.quick
+        else dataset.queries
+    )
     embedders = ["mock"] if args.quick else args.embedders
-    log = (lambda message: print(message, file=sys.stderr, flush=True)) if args.verbose else (lambda message: None)
+    log = (
+        (lambda message: print(message, file=sys.stderr, flush=True))
+        if args.verbose
+        else (lambda message: None)
+    )
     report: dict[str, Any] = {
         "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "mode": "quick" if args.quick else "full",
-        "machine": {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
-                    "loadavg_start": os.getloadavg()[0]},
-        "dataset": {"sessions": len(dataset.sessions), "items": sum(len(s.items) for s in dataset.sessions.values()),
-                    "queries": len(queries), "queries_in_file": len(dataset.queries)},
+        "machine": {
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "loadavg_start": os.getloadavg()[0],
+        },
+        "dataset": {
+            "sessions": len(dataset.sessions),
+            "items": sum(len(s.items) for s in dataset.sessions.values()),
+            "queries": len(queries),
+            "queries_in_file": len(dataset.queries),
+        },
         "paraphrase": paraphrase,
         "recommended": {"text": RECOMMENDED_TEXT, "variant": RECOMMENDED.label},
         "embedders": {},
     }
     with tempfile.TemporaryDirectory(prefix="search-quality-") as directory:
-        report["citadel_default_weights"] = {"weights": DEFAULT_WEIGHTS, "hold": default_weights_hold(directory)}
+        report["citadel_default_weights"] = {
+            "weights": DEFAULT_WEIGHTS,
+            "hold": default_weights_hold(directory),
+        }
         for name in embedders:
             evaluation = Evaluation(name, dataset, queries, paraphrase["measured"], directory, log)
             await evaluation.quality(args.quick)
@@ -969,11 +1426,15 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="MockEmbedder, 12 queries, no scale or latency")
     parser.add_argument("--embedders", nargs="+", default=["mock", "minilm"], choices=["mock", "minilm"])
     parser.add_argument("--dataset", type=Path, default=DATASET)
-    parser.add_argument("--json-out", type=Path, help="where to write the JSON (default: benchmarks/results/...)")
+    parser.add_argument(
+        "--json-out", type=Path, help="where to write the JSON (default: benchmarks/results/...)"
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="progress on stderr")
     sys.exit(asyncio.run(run(parser.parse_args())))
 

@@ -74,7 +74,9 @@ def export(args: argparse.Namespace) -> int:
         # A transcript is personal data: only its owner reads it, and no file is replaced.
         descriptor = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
-        raise Refused(f"refusing to overwrite {out}: choose a new file (an export never replaces one)") from None
+        raise Refused(
+            f"refusing to overwrite {out}: choose a new file (an export never replaces one)"
+        ) from None
     with open(descriptor, "wb") as file:
         file.write(data)
     print(f"exported {render.count(len(items), 'item')} of session {args.session_id!r} to {out}")

@@ -17,6 +17,7 @@ from ..config import CitadelSettings
 from ..errors import CitadelSessionError, ConfigurationError, CorruptDatabaseError, DatabaseLockedError
 from . import commands
 
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m citadeldb_openai_agents",
@@ -48,12 +49,11 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--no-open", action="store_true", help="check the settings only; do not open the database"
     )
-    check.add_argument(
-        "--json", action="store_true", help="print the report as JSON (for CI pipelines)"
-    )
+    check.add_argument("--json", action="store_true", help="print the report as JSON (for CI pipelines)")
     check.set_defaults(run=commands.check)
     _add_operations(subcommands)
     return parser
+
 
 def _add_operations(subcommands: Any) -> None:
     """The operator commands: each a thin shell over the store method named in its help."""
@@ -68,31 +68,39 @@ def _add_operations(subcommands: Any) -> None:
 
     def add(name: str, summary: str, call: str, details: str, *parents: Any) -> Any:
         parser = subcommands.add_parser(
-            name, parents=[config, *parents], help=summary,
+            name,
+            parents=[config, *parents],
+            help=summary,
             description=f"{summary[0].upper()}{summary[1:]}. {details} Library: {call}.",
         )
         parser.set_defaults(library_call=call)
         return parser
 
     add(
-        "sessions", "list every session with its item count and first and last write",
-        "store.sessions()", "Times are UTC.", as_json,
+        "sessions",
+        "list every session with its item count and first and last write",
+        "store.sessions()",
+        "Times are UTC.",
+        as_json,
     ).set_defaults(run=commands.sessions)
 
     export = add(
-        "export", "print a session's items as JSON Lines, verbatim (a data-access request)",
+        "export",
+        "print a session's items as JSON Lines, verbatim (a data-access request)",
         "store.export(session_id)",
         "One item per line, keys in stored order, UTF-8. Exit 1 for an unknown session id.",
     )
     export.add_argument("session_id", metavar="SESSION_ID")
     export.add_argument(
-        "--out", metavar="FILE",
+        "--out",
+        metavar="FILE",
         help="write to FILE (created with mode 600; an existing file is never overwritten)",
     )
     export.set_defaults(run=commands.export)
 
     erase = add(
-        "erase", "erase sessions cryptographically and print the receipt",
+        "erase",
+        "erase sessions cryptographically and print the receipt",
         "store.erase_sessions(session_ids)",
         "Every id is checked first: if one is unknown, nothing is erased (exit 1). Asks for "
         "confirmation on a terminal; without a terminal, --yes is required. Exit 1 when a "
@@ -104,12 +112,15 @@ def _add_operations(subcommands: Any) -> None:
     erase.set_defaults(run=commands.erase)
 
     add(
-        "purge", "erase every expired item now and print how many",
-        "store.purge_expired()", "Expired items are already invisible; this destroys their keys.",
+        "purge",
+        "erase every expired item now and print how many",
+        "store.purge_expired()",
+        "Expired items are already invisible; this destroys their keys.",
     ).set_defaults(run=commands.purge)
 
     rotate = add(
-        "rotate-key", "change the passphrase; the old one stops opening the file",
+        "rotate-key",
+        "change the passphrase; the old one stops opening the file",
         "store.rotate_key(current_key, new_key)",
         "The current passphrase comes from the configuration. The new one from "
         "--new-key-file, else CITADEL_NEW_KEY or CITADEL_NEW_KEY_FILE (not both), else a "
@@ -122,7 +133,8 @@ def _add_operations(subcommands: Any) -> None:
     rotate.set_defaults(run=commands.rotate_key)
 
     backup = add(
-        "backup", "write a consistent copy of the database and its companion files",
+        "backup",
+        "write a consistent copy of the database and its companion files",
         "store.backup(dest)",
         "Refuses a destination that exists (or whose companion files do). The copy opens "
         "with the current passphrase.",
@@ -131,21 +143,25 @@ def _add_operations(subcommands: Any) -> None:
     backup.set_defaults(run=commands.backup)
 
     add(
-        "reembed", "re-embed the stored text with the configured embedder, keeping every item",
+        "reembed",
+        "re-embed the stored text with the configured embedder, keeping every item",
         "citadeldb_openai_agents.reembed(path, key, embedder)",
         "The fix when the file's items were embedded with another model than the configured "
         "one (EmbedderMismatchError). If interrupted, run it again.",
     ).set_defaults(run=commands.reembed)
 
     add(
-        "verify", "check every page and item for damage or tampering",
-        "store.verify()", "Exit 0 when intact, 1 when damage or tampering is found.", as_json,
+        "verify",
+        "check every page and item for damage or tampering",
+        "store.verify()",
+        "Exit 0 when intact, 1 when damage or tampering is found.",
+        as_json,
     ).set_defaults(run=commands.verify)
+
 
 def _variables_help() -> str:
     lines = [
-        "environment variables (precedence: arguments, variables, secrets directory, "
-        "TOML file, defaults):"
+        "environment variables (precedence: arguments, variables, secrets directory, TOML file, defaults):"
     ]
     for name, meaning in CitadelSettings.environment_variables().items():
         wrapped = textwrap.wrap(meaning, 68) or [""]
@@ -165,7 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.run(args))
     except ConfigurationError as exc:
         _error(exc)
-        print("hint: `python -m citadeldb_openai_agents check` shows every setting and its source", file=sys.stderr)
+        print(
+            "hint: `python -m citadeldb_openai_agents check` shows every setting and its source",
+            file=sys.stderr,
+        )
     except DatabaseLockedError as exc:
         _error(exc)
         print(

@@ -17,6 +17,7 @@ from ..config import CheckReport
 from ..options import DEFAULT_CACHE_PAGES
 from ..results import Erasure, IntegrityReport, SessionSummary
 
+
 def print_check_report(report: CheckReport) -> None:
     print(f"configuration file: {report.config_file or 'none'}")
     if report.settings:
@@ -24,7 +25,7 @@ def print_check_report(report: CheckReport) -> None:
         width = max(len(row.name) for row in report.settings)
         values = [_text(row.name, row.value) for row in report.settings]
         value_width = min(max(len(value) for value in values), 40)
-        for row, value in zip(report.settings, values):
+        for row, value in zip(report.settings, values, strict=True):
             source = str(row.origin)
             if row.overrides:
                 source += f" (overrides {', '.join(str(origin) for origin in row.overrides)})"
@@ -59,11 +60,14 @@ def print_check_report(report: CheckReport) -> None:
     for problem in report.problems:
         print(f"  - {problem}", file=sys.stderr)
 
+
 def _value(report: CheckReport, name: str) -> Any:
     return next(row.value for row in report.settings if row.name == name)
 
+
 # What an unset setting means, where it is not simply "nothing" (the store decides it).
 _UNSET_MEANS = {"ttl": "keep forever", "cache_size": f"{DEFAULT_CACHE_PAGES} pages"}
+
 
 def _text(name: str, value: Any) -> str:
     if value is None:
@@ -77,6 +81,7 @@ def _text(name: str, value: Any) -> str:
         return str(value).lower()  # as written in the TOML file and the variables
     return str(value)
 
+
 def human(size: float) -> str:
     if size < 1024:
         return f"{size:.0f} B"
@@ -86,6 +91,7 @@ def human(size: float) -> str:
             break
     return f"{size:.1f} {unit}"
 
+
 def summary_dict(summary: SessionSummary) -> dict[str, Any]:
     return {
         "session_id": summary.session_id,
@@ -93,6 +99,7 @@ def summary_dict(summary: SessionSummary) -> dict[str, Any]:
         "first_write": summary.first_write.isoformat(),
         "last_write": summary.last_write.isoformat(),
     }
+
 
 def receipt_dict(session_id: str, erasure: Erasure, path: str, erased_at: datetime) -> dict[str, Any]:
     return {
@@ -105,15 +112,15 @@ def receipt_dict(session_id: str, erasure: Erasure, path: str, erased_at: dateti
         "readback_confirmed": erasure.readback_confirmed,
     }
 
+
 def print_receipt(session_id: str, erasure: Erasure, path: str, erased_at: datetime) -> None:
-    readback = (
-        "yes (every erased item reads back as missing)" if erasure.readback_confirmed else "NO"
-    )
+    readback = "yes (every erased item reads back as missing)" if erasure.readback_confirmed else "NO"
     print(f"erased session {session_id!r} from {path} at {utc(erased_at)} UTC")
     print(f"  items erased:       {erasure.items_erased}")
     print(f"  regions dropped:    {erasure.regions_dropped}")
     print(f"  algorithm:          {erasure.algorithm} (keys destroyed)")
     print(f"  readback confirmed: {readback}")
+
 
 def integrity_dict(report: IntegrityReport) -> dict[str, Any]:
     return {
@@ -136,6 +143,7 @@ def integrity_dict(report: IntegrityReport) -> dict[str, Any]:
             for session in report.sessions
         ],
     }
+
 
 def print_integrity(path: str, report: IntegrityReport) -> None:
     print(f"database:      {path}")
@@ -175,11 +183,14 @@ def print_integrity(path: str, report: IntegrityReport) -> None:
         file=sys.stderr,
     )
 
+
 def count(number: int, noun: str, plural: str | None = None) -> str:
     return f"{number} {noun if number == 1 else plural or noun + 's'}"
 
+
 def utc(moment: datetime) -> str:
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
 
 def shown_id(session_id: str) -> str:
     """An id as typed, unless control characters would garble the table."""
@@ -191,10 +202,7 @@ def print_sessions(path: str, summaries: list[SessionSummary]) -> None:
     if not summaries:
         print(f"no sessions in {path}")
         return
-    rows = [
-        (shown_id(s.session_id), str(s.items), utc(s.first_write), utc(s.last_write))
-        for s in summaries
-    ]
+    rows = [(shown_id(s.session_id), str(s.items), utc(s.first_write), utc(s.last_write)) for s in summaries]
     header = ("SESSION", "ITEMS", "FIRST WRITE (UTC)", "LAST WRITE (UTC)")
     width = max(len(row[0]) for row in [header, *rows])
     items_width = max(len(row[1]) for row in [header, *rows])
@@ -214,7 +222,9 @@ def json_lines(items: list[Any]) -> bytes:
 
 
 @contextmanager
-def progress_bar(description: str, *, enabled: bool, unit: str = "session") -> Iterator[Callable[[int, int], None] | None]:
+def progress_bar(
+    description: str, *, enabled: bool, unit: str = "session"
+) -> Iterator[Callable[[int, int], None] | None]:
     """A `progress(done, total)` callback drawing a bar on stderr, or None when not `enabled`.
 
     Enabled only on a terminal: a log or a pipe gets no control characters.

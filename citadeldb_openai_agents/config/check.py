@@ -19,6 +19,7 @@ from .model import CitadelSettings
 from .notices import configuration_warnings
 from .provenance import Origin
 
+
 @dataclass(frozen=True)
 class SettingReport:
     """One resolved setting: its value (the passphrase only as "set") and where it came from."""
@@ -27,6 +28,7 @@ class SettingReport:
     value: Any
     origin: Origin
     overrides: tuple[Origin, ...] = ()
+
 
 @dataclass(frozen=True)
 class DatabaseReport:
@@ -43,6 +45,7 @@ class DatabaseReport:
     size_bytes: int = 0
     locked: bool = False
     held_by: LockHolder | None = None
+
 
 @dataclass
 class CheckReport:
@@ -81,6 +84,7 @@ class CheckReport:
             "warnings": list(self.warnings),
         }
 
+
 def check_configuration(config: ConfigSource = None, *, open_database: bool = True) -> CheckReport:
     """Load the settings as `from_config` does, build the embedder and (unless told not to)
     open the database; report every value with its source and every problem found.
@@ -109,6 +113,7 @@ def check_configuration(config: ConfigSource = None, *, open_database: bool = Tr
         report.database = _check_database(settings, embedder, report.problems)
     return report
 
+
 def _checked_settings(config: ConfigSource, report: CheckReport) -> CitadelSettings | None:
     try:
         settings = load_settings(config)
@@ -123,6 +128,7 @@ def _checked_settings(config: ConfigSource, report: CheckReport) -> CitadelSetti
     ]
     return settings
 
+
 def _relative_path_warning(settings: CitadelSettings) -> str:
     # A TOML file's relative paths are already resolved against its directory, so only
     # an argument, a variable or the default can still depend on the working directory.
@@ -134,9 +140,11 @@ def _relative_path_warning(settings: CitadelSettings) -> str:
         "where it resolves against the file's directory."
     )
 
+
 def _where(settings: CitadelSettings, name: str) -> tuple[Origin, tuple[Origin, ...]]:
     provenance = settings.provenance(name)
     return provenance.origin, provenance.overrides
+
 
 def _shown(settings: CitadelSettings, name: str) -> Any:
     if name == "key":
@@ -151,9 +159,8 @@ def _shown(settings: CitadelSettings, name: str) -> Any:
         return os.fspath(value)
     return value
 
-def _check_database(
-    settings: CitadelSettings, embedder: Embedder, problems: list[str]
-) -> DatabaseReport:
+
+def _check_database(settings: CitadelSettings, embedder: Embedder, problems: list[str]) -> DatabaseReport:
     path = resolve_path(settings.path)
     if not os.path.exists(path) and not settings.create:
         problems.append(str(no_database(settings, existing_only=False)))

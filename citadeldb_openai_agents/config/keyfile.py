@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..errors import ConfigurationWarning
 
+
 def read_key_file(path: str | os.PathLike[str]) -> str:
     """The passphrase in `path`, one trailing newline stripped.
 
@@ -28,9 +29,7 @@ def read_key_file(path: str | os.PathLike[str]) -> str:
             f"the key file {path} does not exist; create it (chmod 600) or correct the path"
         ) from None
     except IsADirectoryError:
-        raise ValueError(
-            f"the key file {path} is a directory; point to the file inside it"
-        ) from None
+        raise ValueError(f"the key file {path} is a directory; point to the file inside it") from None
     except OSError as exc:
         raise ValueError(
             f"the key file {path} cannot be read ({exc.strerror}); check its owner and mode"
@@ -39,14 +38,13 @@ def read_key_file(path: str | os.PathLike[str]) -> str:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         # The decoder's message quotes a byte of the secret, so it is not repeated.
-        raise ValueError(
-            f"the key file {path} is not UTF-8 text; write the passphrase as text"
-        ) from None
+        raise ValueError(f"the key file {path} is not UTF-8 text; write the passphrase as text") from None
     passphrase = text[:-2] if text.endswith("\r\n") else text[:-1] if text.endswith("\n") else text
     if not passphrase:
         raise ValueError(f"the key file {path} is empty; write the passphrase into it")
     _warn_if_shared(path)
     return passphrase
+
 
 def _warn_if_shared(path: Path) -> None:
     if os.name != "posix":

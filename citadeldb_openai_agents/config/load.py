@@ -15,9 +15,9 @@ from ..embedders.protocol import Embedder
 from ..embedders.providers import EMBEDDER_PROVIDERS
 from ..errors import ConfigurationError, CorruptDatabaseError, DatabaseNotFoundError, WrongPassphraseError
 from ..hints import closest
-from ..results import IntegrityReport, ReembedSummary
+from ..results import IntegrityReport, Progress, ReembedSummary
 from ..storage.files import resolve_path
-from ..store import CitadelSessionStore, Progress, reembed, verify_file
+from ..store import CitadelSessionStore, reembed, verify_file
 from .model import CitadelSettings
 from .provenance import KEY_FILE, SECRETS_DIRECTORY
 
@@ -98,7 +98,9 @@ def reembed_from_config(config: ConfigSource = None, *, progress: Progress | Non
     """`reembed` the configured file with the configured embedder (the fix for a model change)."""
     settings = load_settings(config)
     try:
-        return reembed(settings.path, settings.key.get_secret_value(), build_embedder(settings), progress=progress)
+        return reembed(
+            settings.path, settings.key.get_secret_value(), build_embedder(settings), progress=progress
+        )
     except DatabaseNotFoundError as exc:
         if not exc.creation_refused:
             raise
@@ -119,7 +121,8 @@ def build_embedder(settings: CitadelSettings) -> Embedder:
             f"{settings.provenance('embedder.provider').origin}); use one of "
             f"{', '.join(names)}.{closest(table.provider, names)}"
         )
-    return builder(table)
+    embedder: Embedder = builder(table)
+    return embedder
 
 
 def open_store(
@@ -161,8 +164,10 @@ def no_database(settings: CitadelSettings, *, existing_only: bool) -> DatabaseNo
     else:
         refusal = f"create is false (from {settings.provenance('create').origin})"
         fix = "or set create = true (CITADEL_CREATE=true) to start a new, empty database there"
-    relative = "" if settings.path.is_absolute() else (
-        f"; {settings.path} is relative, so it resolved against the working directory {os.getcwd()}"
+    relative = (
+        ""
+        if settings.path.is_absolute()
+        else (f"; {settings.path} is relative, so it resolved against the working directory {os.getcwd()}")
     )
     return DatabaseNotFoundError(
         f"there is no database at {resolve_path(settings.path)} (path from "

@@ -18,14 +18,31 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, PrivateAttr, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    field_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from ..errors import ConfigurationError
 from ..options import parse_duration
-from .names import ENV_PREFIX, OPTION_VARIABLES, OTHER_VARIABLES, environment_variable, nested_model, setting_fields
+from .names import (
+    ENV_PREFIX,
+    OPTION_VARIABLES,
+    OTHER_VARIABLES,
+    environment_variable,
+    nested_model,
+    setting_fields,
+)
 from .provenance import ARGUMENT, DEFAULT, LoadState, Origin, Provenance, current_load
 from .sources import EnvironmentSource, Layer, SecretsDirectorySource, TomlFileSource, first_set
+
 
 class EmbedderSettings(BaseModel):
     """The ``[embedder]`` table: which embedder `CitadelSession.search` uses.
@@ -36,12 +53,8 @@ class EmbedderSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    provider: str = Field(
-        "mock", description="the embedder provider: mock, sentence-transformers or import"
-    )
-    dim: PositiveInt | None = Field(
-        None, description="mock: the vector dimension (default 128)"
-    )
+    provider: str = Field("mock", description="the embedder provider: mock, sentence-transformers or import")
+    dim: PositiveInt | None = Field(None, description="mock: the vector dimension (default 128)")
     factory: str | None = Field(
         None, description="import: the callable returning an embedder, as package.module:callable"
     )
@@ -56,6 +69,7 @@ class EmbedderSettings(BaseModel):
     device: str | None = Field(
         None, description="sentence-transformers: the torch device, e.g. cpu or cuda (default cpu)"
     )
+
 
 class CitadelSettings(BaseSettings):
     """Everything `from_config` needs to open a `CitadelSessionStore`.
@@ -88,8 +102,7 @@ class CitadelSettings(BaseSettings):
         "error (DatabaseNotFoundError)",
     )
     key: SecretStr = Field(
-        description="the passphrase; in deployments prefer CITADEL_KEY_FILE or the secrets "
-        "directory",
+        description="the passphrase; in deployments prefer CITADEL_KEY_FILE or the secrets directory",
     )
     key_file: Path | None = Field(
         None, description="a file holding the passphrase (one trailing newline is stripped)"
@@ -101,8 +114,7 @@ class CitadelSettings(BaseSettings):
     )
     ttl: float | None = Field(
         None,
-        description="how long an item lives: seconds (3600) or 90s, 15m, 24h, 7d; "
-        "unset keeps items forever",
+        description="how long an item lives: seconds (3600) or 90s, 15m, 24h, 7d; unset keeps items forever",
     )
     embedder: EmbedderSettings = Field(
         default_factory=EmbedderSettings, description="the embedder for search"
@@ -123,8 +135,9 @@ class CitadelSettings(BaseSettings):
     )
     # Memory against speed: search and reads in large files are page-cache bound.
     cache_size: PositiveInt | None = Field(
-        None, description="Citadel's page cache in pages of ~8 KiB for this process (default 16384, "
-        "~128 MiB at most, filled as pages are read); search is fast while it holds the file"
+        None,
+        description="Citadel's page cache in pages of ~8 KiB for this process (default 16384, "
+        "~128 MiB at most, filled as pages are read); search is fast while it holds the file",
     )
 
     _provenance: dict[str, Provenance] = PrivateAttr(default_factory=dict)
@@ -174,8 +187,7 @@ class CitadelSettings(BaseSettings):
                 variables[environment_variable(f"{name}.{sub}")] = sub_info.description or ""
             if name == "embedder":
                 variables[OPTION_VARIABLES] = (
-                    "one factory keyword argument, as a string "
-                    "(CITADEL_EMBEDDER__OPTIONS takes JSON)"
+                    "one factory keyword argument, as a string (CITADEL_EMBEDDER__OPTIONS takes JSON)"
                 )
         variables.update(OTHER_VARIABLES)
         return variables
@@ -218,9 +230,7 @@ class CitadelSettings(BaseSettings):
     @classmethod
     def _passphrase_not_empty(cls, key: SecretStr) -> SecretStr:
         if not key.get_secret_value():
-            raise ValueError(
-                "the passphrase is empty; Citadel would encrypt the file with an empty key"
-            )
+            raise ValueError("the passphrase is empty; Citadel would encrypt the file with an empty key")
         return key
 
     @field_validator("ttl", mode="before")

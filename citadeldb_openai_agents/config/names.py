@@ -27,6 +27,7 @@ def environment_variable(name: str) -> str:
     """A setting's variable: ``ttl`` is CITADEL_TTL, ``embedder.dim`` CITADEL_EMBEDDER__DIM."""
     return ENV_PREFIX + name.upper().replace(".", "__")
 
+
 def setting_fields(cls: type[BaseModel]) -> Iterator[tuple[str, FieldInfo]]:
     for name, info in cls.model_fields.items():
         nested = nested_model(info)
@@ -35,6 +36,7 @@ def setting_fields(cls: type[BaseModel]) -> Iterator[tuple[str, FieldInfo]]:
         else:
             for sub, sub_info in nested.model_fields.items():
                 yield f"{name}.{sub}", sub_info
+
 
 def nested_model(info: FieldInfo) -> type[BaseModel] | None:
     annotation = info.annotation

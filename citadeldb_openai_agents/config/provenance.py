@@ -46,12 +46,14 @@ class Origin:
     def __str__(self) -> str:
         return f"{self.kind} {self.detail}" if self.detail else self.kind
 
+
 @dataclass(frozen=True)
 class Provenance:
     """The source a setting's value came from, and the lower-precedence ones it overrode."""
 
     origin: Origin
     overrides: tuple[Origin, ...] = ()
+
 
 class LoadState:
     """One `CitadelSettings` construction: the TOML file, the problems, and who set what."""
@@ -98,9 +100,7 @@ class LoadState:
             else:
                 self.origins[name] = found
 
-    def take_passphrase(
-        self, values: dict[str, Any], origin: Callable[[str], Origin]
-    ) -> dict[str, Any]:
+    def take_passphrase(self, values: dict[str, Any], origin: Callable[[str], Origin]) -> dict[str, Any]:
         """Apply the passphrase rule to one source's values: the highest source to name it wins."""
         given = [name for name in _KEY_FIELDS if values.get(name) is not None]
         if not given:
@@ -169,8 +169,10 @@ class LoadState:
             for name, origin in self.origins.items()
         }
 
+
 # The load under way in this context: sources are built by pydantic-settings, which knows nothing of it.
 current_load: ContextVar[LoadState | None] = ContextVar("citadel_settings_loading", default=None)
+
 
 def leaves(values: Mapping[str, Any], settings_cls: type[BaseSettings]) -> Iterator[str]:
     """The dotted names of the settings `values` sets (``embedder.dim`` for a nested one)."""

@@ -17,7 +17,12 @@ from typing import Any
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SecretsSettingsSource
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SecretsSettingsSource,
+)
 
 from ..hints import closest
 from .keyfile import read_key_file
@@ -60,6 +65,7 @@ class Layer(PydanticBaseSettingsSource):
     def __repr__(self) -> str:
         return f"Layer({self._source!r})"
 
+
 class _ReportsBadJson:
     """A table given as JSON that does not parse is a problem to list, not an exception."""
 
@@ -78,6 +84,7 @@ class _ReportsBadJson:
         except ValueError:
             self._loading.problems.append(self._bad_json(field_name))
             return None
+
 
 class EnvironmentSource(_ReportsBadJson, EnvSettingsSource):
     """``CITADEL_*`` variables; an unknown one is a problem naming the closest valid name."""
@@ -124,6 +131,7 @@ class EnvironmentSource(_ReportsBadJson, EnvSettingsSource):
         # A nested value given as the JSON of its whole table.
         return Origin(ENVIRONMENT, environment_variable(name.split(".")[0]))
 
+
 class SecretsDirectorySource(_ReportsBadJson, SecretsSettingsSource):
     """pydantic-settings' secrets directory (Docker's /run/secrets, a Kubernetes secret volume).
 
@@ -131,9 +139,7 @@ class SecretsDirectorySource(_ReportsBadJson, SecretsSettingsSource):
     holds the passphrase and is read as a key file is.
     """
 
-    def __init__(
-        self, settings_cls: type[BaseSettings], loading: LoadState, directory: Any
-    ) -> None:
+    def __init__(self, settings_cls: type[BaseSettings], loading: LoadState, directory: Any) -> None:
         self._loading = loading
         if directory is not None and not Path(directory).expanduser().is_dir():
             loading.problems.append(
@@ -166,11 +172,12 @@ class SecretsDirectorySource(_ReportsBadJson, SecretsSettingsSource):
 
     def _path(self, field_name: str) -> Path:
         name = f"{ENV_PREFIX}{field_name}".lower()
-        directory = Path(self.secrets_dir)
+        directory = Path(self.secrets_dir)  # type: ignore[arg-type]  # one directory, set in __init__
         return self.find_case_path(directory, name, self.case_sensitive) or directory / name
 
     def origin(self, name: str) -> Origin:
         return Origin(SECRETS_DIRECTORY, str(self._path(name.split(".")[0]).absolute()))
+
 
 class TomlFileSource(PydanticBaseSettingsSource):
     """The TOML file; a passphrase written into it and unknown keys are problems."""
@@ -185,12 +192,10 @@ class TomlFileSource(PydanticBaseSettingsSource):
         assert self.file is not None
         try:
             with self.file.open("rb") as handle:
-                values = tomllib.load(handle)
+                values: dict[str, Any] = tomllib.load(handle)
         except tomllib.TOMLDecodeError as exc:
             # tomllib's message gives the line and column, never the text there.
-            self._loading.problems.append(
-                f"{self.file} is not valid TOML: {exc}; fix the syntax there"
-            )
+            self._loading.problems.append(f"{self.file} is not valid TOML: {exc}; fix the syntax there")
             self._loading.toml_unreadable = True
             return {}
         except OSError as exc:
@@ -235,6 +240,7 @@ class TomlFileSource(PydanticBaseSettingsSource):
 
     def __repr__(self) -> str:
         return f"TomlFileSource({self.file})"
+
 
 def first_set(*values: Any) -> Any:
     return next((value for value in values if value not in (None, "")), None)

@@ -37,7 +37,9 @@ class SentenceTransformerEmbedder:
 
     metric = "cosine"
 
-    def __init__(self, model: str | os.PathLike[str] = DEFAULT_MODEL, *, device: str = "cpu", batch_size: int = 32) -> None:
+    def __init__(
+        self, model: str | os.PathLike[str] = DEFAULT_MODEL, *, device: str = "cpu", batch_size: int = 32
+    ) -> None:
         try:
             from sentence_transformers import SentenceTransformer
         except ImportError:
@@ -50,7 +52,10 @@ class SentenceTransformerEmbedder:
         self._model = SentenceTransformer(str(directory), device=device, local_files_only=True)
         self._batch_size = batch_size
         self._query_prompt = "query" if (self._model.prompts or {}).get("query") else None
-        dimension = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
+        dimension = (
+            getattr(self._model, "get_embedding_dimension", None)
+            or self._model.get_sentence_embedding_dimension
+        )
         self.dim = int(dimension())
         self.model_id = f"sentence-transformers:{name}@{_weights_digest(directory)}"
         self.device = device
@@ -70,8 +75,12 @@ class SentenceTransformerEmbedder:
                 cancel_token.check()
             batch = list(texts[start : start + self._batch_size])
             encoded = self._model.encode(
-                batch, batch_size=self._batch_size, normalize_embeddings=True,
-                prompt_name=prompt_name, show_progress_bar=False, convert_to_numpy=True,
+                batch,
+                batch_size=self._batch_size,
+                normalize_embeddings=True,
+                prompt_name=prompt_name,
+                show_progress_bar=False,
+                convert_to_numpy=True,
             )
             vectors.extend(encoded.tolist())
         return vectors
@@ -97,7 +106,9 @@ def _model_directory(model: str | os.PathLike[str]) -> tuple[Path, str]:
         ) from None
     getter = getattr(module, "get_model_path", None)
     if getter is None:
-        raise FileNotFoundError(f"the installed package {module_name!r} has no get_model_path(); give the model's directory instead.")
+        raise FileNotFoundError(
+            f"the installed package {module_name!r} has no get_model_path(); give the model's directory instead."
+        )
     return Path(getter()).resolve(), name
 
 

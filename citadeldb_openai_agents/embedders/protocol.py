@@ -66,13 +66,13 @@ class LegacyEmbedderAdapter:
 
     def embed_with_cancel(self, texts: list[str], cancel_token: Any = None) -> list[list[float]]:
         _check_cancelled(cancel_token)
-        return self._inner.embed(texts)
+        vectors: list[list[float]] = self._inner.embed(texts)
+        return vectors
 
-    def _embed_queries_with_cancel(
-        self, texts: list[str], cancel_token: Any = None
-    ) -> list[list[float]]:
+    def _embed_queries_with_cancel(self, texts: list[str], cancel_token: Any = None) -> list[list[float]]:
         _check_cancelled(cancel_token)
-        return self._inner.embed_queries(texts)
+        vectors: list[list[float]] = self._inner.embed_queries(texts)
+        return vectors
 
     def __repr__(self) -> str:
         return f"LegacyEmbedderAdapter({self._inner!r})"
@@ -102,7 +102,8 @@ def _vectors(embedder: Embedder, embed: Any, texts: list[str]) -> list[list[floa
         # Citadel would refuse these too, with an error that names neither the embedder nor the fix.
         if len(vector) != embedder.dim:
             raise embedder_failed(
-                embedder.model_id, f"it returned a vector of {len(vector)} dimensions, but declares dim {embedder.dim}"
+                embedder.model_id,
+                f"it returned a vector of {len(vector)} dimensions, but declares dim {embedder.dim}",
             )
         if not all(map(math.isfinite, vector)):
             raise embedder_failed(embedder.model_id, "it returned a vector holding NaN or infinity")

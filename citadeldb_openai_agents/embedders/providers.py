@@ -36,9 +36,11 @@ EmbedderBuilder = Callable[[EmbedderTable], Any]
 
 DEFAULT_MOCK_DIM = 128
 
+
 def default_embedder() -> Embedder:
     """The embedder used when none is given: Citadel's hashed bag-of-words, no download."""
     return citadeldb.MockEmbedder(dim=DEFAULT_MOCK_DIM)
+
 
 def resolve_embedder(embedder: Any | None) -> Embedder:
     """Return an embedder Citadel accepts, adapting the older protocol.
@@ -60,8 +62,10 @@ def resolve_embedder(embedder: Any | None) -> Embedder:
         )
     _check_identity_types(embedder)
     if has_cancellable:
-        return embedder
+        checked: Embedder = embedder
+        return checked
     return LegacyEmbedderAdapter(embedder)
+
 
 def _check_identity_types(embedder: Any) -> None:
     problems = []
@@ -78,6 +82,7 @@ def _check_identity_types(embedder: Any) -> None:
 
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
+
 def _mock_embedder(table: EmbedderTable) -> Embedder:
     """Citadel's hashed bag-of-words: no download, no network; fine for tests and demos."""
     if table.factory is not None or table.options:
@@ -91,6 +96,7 @@ def _mock_embedder(table: EmbedderTable) -> Embedder:
             "remove them, or set provider = 'sentence-transformers'"
         )
     return citadeldb.MockEmbedder(dim=table.dim or DEFAULT_MOCK_DIM)
+
 
 def _imported_embedder(table: EmbedderTable) -> Embedder:
     """Any embedder a user brings: ``factory(**options)`` must return one."""
@@ -111,9 +117,7 @@ def _imported_embedder(table: EmbedderTable) -> Embedder:
             "(CITADEL_EMBEDDER__FACTORY)"
         )
     elif not _FACTORY.match(table.factory):
-        problems.append(
-            f"embedder.factory {table.factory!r} is not of the form package.module:callable"
-        )
+        problems.append(f"embedder.factory {table.factory!r} is not of the form package.module:callable")
     if problems:
         raise ConfigurationError(problems)
     assert table.factory is not None
@@ -132,6 +136,7 @@ def _imported_embedder(table: EmbedderTable) -> Embedder:
         raise ConfigurationError(
             f"embedder.factory {table.factory!r} returned something that is not an embedder: {exc}"
         ) from exc
+
 
 def _load_factory(spec: str) -> Callable[..., Any]:
     module_name, _, attribute = spec.partition(":")
@@ -160,7 +165,9 @@ def _load_factory(spec: str) -> Callable[..., Any]:
             f"embedder.factory {spec!r} names a {type(target).__name__}, not a callable; "
             "name a function or class that returns an embedder"
         )
-    return target
+    factory: Callable[..., Any] = target
+    return factory
+
 
 def _sentence_transformers_embedder(table: EmbedderTable) -> Embedder:
     """A local sentence-embedding model (the ``embeddings`` extra), loaded offline."""
@@ -181,10 +188,10 @@ def _sentence_transformers_embedder(table: EmbedderTable) -> Embedder:
     except (ImportError, FileNotFoundError, OSError, ValueError) as exc:
         raise ConfigurationError(f"embedder provider 'sentence-transformers': {exc}") from None
 
+
 # The place later providers plug in: a name and a builder from the [embedder] table.
 EMBEDDER_PROVIDERS: dict[str, EmbedderBuilder] = {
     "mock": _mock_embedder,
     "import": _imported_embedder,
     "sentence-transformers": _sentence_transformers_embedder,
 }
-

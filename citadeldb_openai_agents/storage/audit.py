@@ -15,6 +15,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import CorruptDatabaseError, StorageError
+from .inventory import FileInventory, UnsupportedEngineError, take_inventory
 from .records import (
     CATALOG_KIND,
     CATALOG_REGION,
@@ -25,8 +27,6 @@ from .records import (
     parse_segment,
     session_hid,
 )
-from ..errors import CorruptDatabaseError, StorageError
-from .inventory import FileInventory, UnsupportedEngineError, take_inventory
 
 ATOM_KEYS = "their keys in the .citadel-atomkeys file are damaged or missing"
 REGION_KEYS = "a segment's key cannot be read"
@@ -72,7 +72,9 @@ class AuditVerdict:
         damaged = self.damaged
         for damage in damaged[:limit]:
             who = "an unknown session" if damage.session_id is None else f"session {damage.session_id!r}"
-            findings.append(f"{damage.unreadable} of {damage.expected} items of {who} cannot be read ({damage.cause})")
+            findings.append(
+                f"{damage.unreadable} of {damage.expected} items of {who} cannot be read ({damage.cause})"
+            )
         if len(damaged) > limit:
             findings.append(f"and {len(damaged) - limit} more damaged sessions")
         return "; ".join(findings)
@@ -97,7 +99,9 @@ def audit(inventory: FileInventory) -> AuditVerdict:
     verdict.layout_format = int(layout.get("format", 1))
     catalog = inventory.regions.get(CATALOG_REGION)
     if catalog is not None and catalog.forgotten:
-        verdict.file.append(f"the catalog cannot be read ({catalog.unavailable}), so no session can be listed")
+        verdict.file.append(
+            f"the catalog cannot be read ({catalog.unavailable}), so no session can be listed"
+        )
         return verdict
     records = {}
     for _, payload in inventory.records.get((CATALOG_REGION, CATALOG_KIND), []):

@@ -51,7 +51,8 @@ def decode_items(payloads: list[str]) -> list[Any]:
     if not payloads:
         return []
     try:
-        return json.loads("[" + ",".join(payloads) + "]")
+        items: list[Any] = json.loads("[" + ",".join(payloads) + "]")
+        return items
     except RecursionError:  # the array is one level deeper than the deepest item
         return [decode_item(payload) for payload in payloads]
 

@@ -29,7 +29,13 @@ from typing import Any, TypeVar
 
 import citadeldb
 
-from ..errors import CitadelSessionError, DatabaseNotFoundError, ForkedStoreError, SessionClosedError, WrongPassphraseError
+from ..errors import (
+    CitadelSessionError,
+    DatabaseNotFoundError,
+    ForkedStoreError,
+    SessionClosedError,
+    WrongPassphraseError,
+)
 from ..options import Argon2Profile, SyncMode, check_argon2_profile, check_cache_size, check_sync_mode
 from . import inventory
 from .files import AUDIT_SUFFIX, COMPANION_SUFFIXES
@@ -45,7 +51,7 @@ FORK_ADVICE = (
     "Open the store in each process after the fork, not in the parent before it: with "
     "gunicorn, run without --preload, or open it in a post_fork hook or on the first "
     "request; with uvicorn, open it in the app's lifespan; with multiprocessing, use the "
-    "\"spawn\" start method. One process owns a Citadel file at a time."
+    '"spawn" start method. One process owns a Citadel file at a time.'
 )
 
 
@@ -93,9 +99,7 @@ class OpenDatabase:
         # The session layout shared by every store on this file (set by the first store).
         self.layout: Any = None
         self.setup_lock = threading.Lock()
-        self._calls: queue.SimpleQueue[tuple[Callable[[Any], Any], Future[Any]] | None] = (
-            queue.SimpleQueue()
-        )
+        self._calls: queue.SimpleQueue[tuple[Callable[[Any], Any], Future[Any]] | None] = queue.SimpleQueue()
         self._closed = False
         self._in_flight = 0
         self._paused = False  # set by `exclusive`
@@ -108,8 +112,10 @@ class OpenDatabase:
             )
         opened: Future[tuple[citadeldb.Database, Any]] = Future()
         self._thread = threading.Thread(
-            target=self._own, args=(secret, options, before_memory, opened),
-            name=f"citadel-owner:{os.path.basename(path)}", daemon=True,
+            target=self._own,
+            args=(secret, options, before_memory, opened),
+            name=f"citadel-owner:{os.path.basename(path)}",
+            daemon=True,
         )
         self._thread.start()
         self._db, self.memory = opened.result()
@@ -281,7 +287,7 @@ class OpenDatabase:
             self._thread.join()
             # Citadel keeps the file lock until every Memory object is collected too.
             self.memory.release()
-            self.memory = None  # type: ignore[assignment]
+            self.memory = None
             self._db = None  # type: ignore[assignment]
             gc.collect()
 
@@ -359,6 +365,7 @@ def audit_chain(db: citadeldb.Database) -> dict[str, Any]:
         return {"entries_verified": 0, "chain_valid": True, "chain_break_at": None}
     return dict(db.verify_audit_log())
 
+
 def backup_with_audit(db: citadeldb.Database, path: str, target: str) -> None:
     """`db.backup`, plus a copy of the audit log, which Citadel's backup leaves out.
 
@@ -369,6 +376,7 @@ def backup_with_audit(db: citadeldb.Database, path: str, target: str) -> None:
     audit = path + AUDIT_SUFFIX
     if os.path.exists(audit):
         shutil.copyfile(audit, target + AUDIT_SUFFIX)
+
 
 def rotate(db: citadeldb.Database, path: str, current_key: str, new_key: str) -> bool:
     """Change the passphrase and check that only the new one opens the file; False if `current_key` is wrong."""

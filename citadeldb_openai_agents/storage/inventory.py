@@ -73,16 +73,16 @@ class FileInventory:
 
     def unreadable(self) -> dict[str, RegionRows]:
         """The regions holding something Citadel cannot read."""
-        return {name: region for name, region in self.regions.items() if region.forgotten or region.unreadable}
+        return {
+            name: region for name, region in self.regions.items() if region.forgotten or region.unreadable
+        }
 
 
 class UnsupportedEngineError(Exception):
     """Citadel's atom tables are not what this package was written against."""
 
 
-def take_inventory(
-    db: citadeldb.Database, record_kinds: dict[str, str]
-) -> FileInventory:
+def take_inventory(db: citadeldb.Database, record_kinds: dict[str, str]) -> FileInventory:
     """Read the file's rows and what Citadel can read of them, changing nothing.
 
     `record_kinds` maps a region to the kind of the records to read back from it
@@ -103,7 +103,8 @@ def take_inventory(
             readable_counts[name] = entry.live_atoms
     before = _now()
     suspects = [
-        region for region in regions.values()
+        region
+        for region in regions.values()
         if not region.forgotten and readable_counts.get(region.name) != len(region.live_rows(before))
     ]
     for region in suspects:
@@ -131,7 +132,11 @@ def region_rows(db: citadeldb.Database, names: list[str]) -> dict[str, dict[int,
     by_id = {region_id: name for name, region_id in ids.items()}
     placeholders = ", ".join(f"${n + 1}" for n in range(len(by_id)))
     for table in _atom_tables(db):
-        rows = _query(db, f"SELECT id, region_id, expires_at FROM {table} WHERE region_id IN ({placeholders})", list(by_id))
+        rows = _query(
+            db,
+            f"SELECT id, region_id, expires_at FROM {table} WHERE region_id IN ({placeholders})",
+            list(by_id),
+        )
         for atom, region_id, expires in rows:
             found[by_id[region_id]][int(atom)] = _micros(expires)
     return found
@@ -177,7 +182,7 @@ def _micros(expires: Any) -> int | None:
         raise UnsupportedEngineError(f"expires_at holds a {type(expires).__name__}, not a datetime")
     if expires.tzinfo is not None:
         expires = expires.astimezone(timezone.utc).replace(tzinfo=None)
-    return (expires - _EPOCH) // timedelta(microseconds=1)
+    return int((expires - _EPOCH) // timedelta(microseconds=1))
 
 
 def _now() -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,7 +30,7 @@ from ..errors import (
     EmbedderMismatchError,
     WrongPassphraseError,
 )
-from ..results import Erasure, IntegrityReport, ReembedSummary, SessionIntegrity
+from ..results import Erasure, IntegrityReport, Progress, ReembedSummary, SessionIntegrity
 from . import reads, registry, writes
 from .audit import ATOM_KEYS, audit, check_before_memory, inventory_of
 from .engine import OpenDatabase, audit_chain, backup_with_audit, database_options, rotate
@@ -39,7 +39,6 @@ from .reembed import reembed_file
 from .segments import SessionLayout, SessionState
 
 T = TypeVar("T")
-Progress = Callable[[int, int], None]  # (done, total)
 _log = logging.getLogger("citadeldb_openai_agents")
 
 
@@ -99,7 +98,12 @@ class LocalFile:
     # -- one session ------------------------------------------------------------------
 
     def append(
-        self, session_id: str, payloads: list[str], texts: list[str], from_user: list[bool], expires_at: int | None
+        self,
+        session_id: str,
+        payloads: list[str],
+        texts: list[str],
+        from_user: list[bool],
+        expires_at: int | None,
     ) -> None:
         self._on(session_id, writes.append, payloads, texts, from_user, expires_at)
 
@@ -182,7 +186,9 @@ class LocalFile:
         finally:
             keys.clear()
         if not rotated:
-            raise WrongPassphraseError(f"the current passphrase given for {self.path} is wrong; nothing was changed.")
+            raise WrongPassphraseError(
+                f"the current passphrase given for {self.path} is wrong; nothing was changed."
+            )
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -228,8 +234,8 @@ def _copy_watched(source: str, target: str, progress: Progress | None) -> Iterat
 
 
 def integrity_report(
-    pages: dict[str, Any],
-    chain: dict[str, Any],
+    pages: Mapping[str, Any],
+    chain: Mapping[str, Any],
     verdicts: dict[str, int],
     sessions: list[SessionIntegrity],
     findings: list[str] | None = None,
@@ -279,7 +285,9 @@ def _inspect(db: citadeldb.Database, path: str) -> IntegrityReport:
             verdicts[kind] = verdicts.get(kind, 0) + number
         not_authentic = sum(number for kind, number in found.items() if kind != "authentic")
         readable = count.expected - count.unreadable
-        sessions.append(SessionIntegrity(count.session_id, count.expected, readable, not_authentic, count.cause))
+        sessions.append(
+            SessionIntegrity(count.session_id, count.expected, readable, not_authentic, count.cause)
+        )
     sessions.sort(key=lambda session: (session.session_id is None, session.session_id or ""))
     return integrity_report(pages, chain, verdicts, sessions, verdict.file)
 
@@ -351,7 +359,7 @@ def _shared_layout(database: OpenDatabase, embedder: Embedder) -> SessionLayout:
                 f"{layout.identity.model_id!r} (dim {layout.identity.dim}); this store asked for "
                 f"{EmbedderIdentity.of(embedder).model_id!r}. Use one embedder per file."
             )
-        return layout
+        return layout  # type: ignore[no-any-return]  # OpenDatabase.layout is set here only
 
 
-__all__ = ["LocalFile", "Progress", "database_options", "integrity_report", "reembed", "verify_file"]
+__all__ = ["LocalFile", "database_options", "integrity_report", "reembed", "verify_file"]

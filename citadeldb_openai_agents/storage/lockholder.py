@@ -67,15 +67,15 @@ def _shorten(argv: list[str]) -> str:
         for position, argument in enumerate(rest):
             if argument == "-m" and position + 1 < len(rest):
                 shown += ["-m", rest[position + 1]]
-                rest = rest[position + 2:]
+                rest = rest[position + 2 :]
                 break
             if argument == "-c":
                 shown.append("-c")  # the code itself may hold anything
-                rest = rest[position + 1:]
+                rest = rest[position + 1 :]
                 break
             if not argument.startswith("-"):
                 shown.append(os.path.basename(argument))
-                rest = rest[position + 1:]
+                rest = rest[position + 1 :]
                 break
     text = " ".join(shown)
     cut = text[:_MAX_COMMAND]

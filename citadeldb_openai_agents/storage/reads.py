@@ -31,7 +31,9 @@ def newest(layout: SessionLayout, memory: Memory, state: SessionState, limit: in
     return [hit.payload for hit in hits]
 
 
-def newest_in(layout: SessionLayout, memory: Memory, state: SessionState, number: int, need: int) -> list[AtomHit]:
+def newest_in(
+    layout: SessionLayout, memory: Memory, state: SessionState, number: int, need: int
+) -> list[AtomHit]:
     region = layout.region(memory, state, number)
     if number == state.segments[-1]:
         ids = layout.tail_ids(memory, state)
@@ -62,8 +64,11 @@ def all_items(layout: SessionLayout, memory: Memory, state: SessionState) -> lis
 def summary(layout: SessionLayout, memory: Memory, state: SessionState) -> tuple[int, int, int] | None:
     """(live items, creation time of the oldest, of the newest) in µs; None when empty."""
     oldest = next(
-        (hits[0] for n in state.segments
-         if (hits := memory.fetch(layout.region(memory, state, n), ITEM_KIND, limit=1))),
+        (
+            hits[0]
+            for n in state.segments
+            if (hits := memory.fetch(layout.region(memory, state, n), ITEM_KIND, limit=1))
+        ),
         None,
     )
     if oldest is None:
@@ -111,9 +116,11 @@ def search(layout: SessionLayout, memory: Memory, state: SessionState, query: st
     hits: list[AtomHit] = []
     for number in state.segments:
         region = layout.region(memory, state, number)
-        hits.extend(memory.recall(
-            region, text=query, embedding=vector, k=limit * _CANDIDATES_PER_LIMIT, kinds=[ITEM_KIND]
-        ))
+        hits.extend(
+            memory.recall(
+                region, text=query, embedding=vector, k=limit * _CANDIDATES_PER_LIMIT, kinds=[ITEM_KIND]
+            )
+        )
 
     def distance(hit: AtomHit) -> float:
         base = hit.distance if hit.distance is not None else 2.0

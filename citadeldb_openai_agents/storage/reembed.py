@@ -50,7 +50,9 @@ def reembed_file(
             for hit in memory.fetch(region, ITEM_KIND, limit=ALL):
                 item = decode_item(hit.payload)
                 user = is_user_message(item)
-                own = search_text(item)  # not hit.text: files written before 2026-11-30 hold question+own there
+                own = search_text(
+                    item
+                )  # not hit.text: files written before 2026-11-30 hold question+own there
                 if user:
                     question = own
                 contexts.setdefault(hit.text, deque()).append(in_context(question, own, user))
@@ -78,6 +80,7 @@ class _StoredModel:
 
     def embed_with_cancel(self, texts: list[str], cancel_token: Any = None) -> list[list[float]]:
         raise RuntimeError(f"{self.model_id!r} is not loaded; this region is being re-embedded")
+
 
 class _InContext:
     """`embedder` as `reembed_region` should call it: each stored text embedded in context.

@@ -64,6 +64,7 @@ def acquire(
     finally:
         del key
 
+
 def inspect_file(
     path: str | os.PathLike[str], key: str, inspect: Callable[[citadeldb.Database, str], T]
 ) -> T:
@@ -118,8 +119,10 @@ def _before_fork() -> None:
     # must find every file the parent holds (or is closing) in `_registry` or `_closing`.
     _registry_lock.acquire()
 
+
 def _after_fork_in_parent() -> None:
     _registry_lock.release()
+
 
 def _after_fork_in_child() -> None:
     global _registry_lock

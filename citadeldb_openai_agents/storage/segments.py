@@ -152,12 +152,12 @@ class SessionLayout:
                 "embedder": self.identity.__dict__,
             }
             # Text is never empty: Citadel re-embeds (reembed_file) from an atom's text.
-            self._meta_id = memory.remember(META_REGION, {"kind": META_KIND, "text": "layout", "payload": meta})
+            self._meta_id = memory.remember(
+                META_REGION, {"kind": META_KIND, "text": "layout", "payload": meta}
+            )
         recorded = EmbedderIdentity(**meta["embedder"])
         if recorded != self.identity:
-            raise self._mismatch(
-                f"it records {recorded.model_id!r} (dim {recorded.dim}, {recorded.metric})"
-            )
+            raise self._mismatch(f"it records {recorded.model_id!r} (dim {recorded.dim}, {recorded.metric})")
         return bytes.fromhex(meta["salt"]), int(meta.get("format", 1))
 
     def _load_index(self, memory: Memory, verdict: AuditVerdict) -> None:
@@ -173,18 +173,18 @@ class SessionLayout:
                 memory.drop_region(name)  # left by an erasure a crash interrupted
                 continue
             hid, number = parsed
-            state = self._states.get(hid)
-            listed = None if state is None or state.record is None else state.record.segments
-            if state is None or state.record is None or (listed is not None and number not in listed):
+            owner = self._states.get(hid)
+            listed = None if owner is None or owner.record is None else owner.record.segments
+            if owner is None or owner.record is None or (listed is not None and number not in listed):
                 # The audit explains every region or refuses the file: this one changed since.
                 raise CorruptDatabaseError(
                     f"{self.path} changed while it was being opened: segment {name} has no "
                     "catalog record. Run `python -m citadeldb_openai_agents verify`."
                 )
-            state.segments.append(number)
+            owner.segments.append(number)
         for state in list(self._states.values()):
             state.segments.sort()
-            if state.record is not None and state.record.clearing:
+            if state.record is not None and state.record.clearing and state.catalog_id is not None:
                 # A clear a crash interrupted: its segments went above, its record goes last.
                 memory.forget(CATALOG_REGION, [state.catalog_id])
                 self._states.pop(state.hid)
@@ -290,7 +290,9 @@ class SessionLayout:
             state.tail_stored = max(state.tail_stored, len(state.tail_ids))
         return state.tail_ids
 
-    def check_complete(self, state: SessionState, read: dict[int, list[int]], newest: int | None = None) -> None:
+    def check_complete(
+        self, state: SessionState, read: dict[int, list[int]], newest: int | None = None
+    ) -> None:
         """Raise unless `read` holds every unexpired item the pages hold in those segments.
 
         `read` maps a segment to the ids a read returned from it; with `newest`, the read
@@ -301,7 +303,9 @@ class SessionLayout:
         now = now_micros()  # after the reads: an item that expired since may be gone
         missing = expected = 0
         for number, ids in read.items():
-            live = sorted(a for a, expires in stored[names[number]].items() if expires is None or expires > now)
+            live = sorted(
+                a for a, expires in stored[names[number]].items() if expires is None or expires > now
+            )
             if newest is not None:
                 live = live[-newest:]
             expected += len(live)
@@ -346,6 +350,7 @@ def _region_names(memory: Memory, leftovers: set[str]) -> list[str]:
     """
     return [region.name for region in regions(memory, leftovers)]
 
+
 def regions(memory: Memory, leftovers: set[str]) -> list[Any]:
     """`_region_names`, with each region's recorded model (`citadeldb.RegionIdentity`)."""
     finished: set[str] = set()
@@ -358,5 +363,6 @@ def regions(memory: Memory, leftovers: set[str]) -> list[Any]:
                 raise
             finished.add(match.group(1))
             memory.drop_region(match.group(1))
+
 
 _FORGOTTEN_REGION = re.compile(r"region '(.*)' has been forgotten: .*", re.DOTALL)

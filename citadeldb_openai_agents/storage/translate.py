@@ -79,6 +79,7 @@ def translate_open_error(exc: BaseException, path: str) -> BaseException:
         return _unrecognised(path, exc)
     return exc
 
+
 # How citadeldb 2.7.0 words damage to the headers of the key file and the audit log, which it
 # otherwise reports as a wrong passphrase, an unsupported format or a bad KDF setting.
 _KEY_FILE_DAMAGE = (
@@ -91,6 +92,7 @@ _KEY_FILE_DAMAGE = (
 )
 
 _AUDIT_MAGIC = "0x41554454"  # "AUDT", the audit log's magic number
+
 
 def _locked(path: str) -> DatabaseLockedError:
     holder = find_lock_holder(path)
@@ -105,6 +107,7 @@ def _locked(path: str) -> DatabaseLockedError:
         holder=holder,
     )
 
+
 def _damaged_companion(exc: BaseException, path: str) -> CorruptDatabaseError | None:
     """Damage to the key file or the audit log, named; None for any other error."""
     message = str(exc).lower()
@@ -113,8 +116,7 @@ def _damaged_companion(exc: BaseException, path: str) -> CorruptDatabaseError | 
     culprit = _header_at_fault(path, message)
     if culprit == keys or keys.lower() in message or any(sign in message for sign in _KEY_FILE_DAMAGE):
         return CorruptDatabaseError(
-            f"the key file {keys} of {path} is damaged ({exc}); the passphrase is not the cause. "
-            f"{restore}"
+            f"the key file {keys} of {path} is damaged ({exc}); the passphrase is not the cause. {restore}"
         )
     if culprit == audit or audit.lower() in message or _AUDIT_MAGIC.lower() in message:
         return CorruptDatabaseError(
@@ -130,7 +132,9 @@ def _damaged_companion(exc: BaseException, path: str) -> CorruptDatabaseError | 
         )
     return None
 
+
 _FORMAT_VERSION = re.compile(r"unsupported format version: (\d+)")
+
 
 def _header_at_fault(path: str, message: str) -> str | None:
     """The companion file whose header Citadel's error is about, when its words allow telling.
@@ -160,12 +164,14 @@ def _header_at_fault(path: str, message: str) -> str | None:
             return path + suffix
     return None
 
+
 def _unrecognised(path: str, exc: BaseException) -> StorageError:
     return StorageError(
         f"Citadel failed on {path} ({type(exc).__name__}: {exc}). Run `python -m "
         "citadeldb_openai_agents verify`; if it reports damage, restore the file and its "
         "companion files from a backup, otherwise report this error with its message."
     )
+
 
 def translate_storage_error(exc: BaseException, path: str) -> BaseException:
     """Turn citadeldb's errors on a file in use into ours: damage, or a lost companion file.
@@ -179,7 +185,8 @@ def translate_storage_error(exc: BaseException, path: str) -> BaseException:
     if isinstance(exc, citadeldb.OperationalError) and str(exc).startswith(CITADEL_EMBEDDER_FAILURE):
         # Citadel calls the embedder itself only to re-embed a file, which is idempotent.
         return embedder_failed(
-            None, str(exc)[len(CITADEL_EMBEDDER_FAILURE):],
+            None,
+            str(exc)[len(CITADEL_EMBEDDER_FAILURE) :],
             "the call stopped there (a re-embedding finishes when run again)",
         )
     # Both read as "this region's keys are gone"; a fresh file lacks these files legitimately
@@ -194,6 +201,7 @@ def translate_storage_error(exc: BaseException, path: str) -> BaseException:
         return _unrecognised(path, exc)
     return exc
 
+
 def _corrupt(path: str, exc: BaseException) -> CorruptDatabaseError:
     return CorruptDatabaseError(
         f"{path} is damaged or is not a Citadel database ({exc}). Run "
@@ -201,10 +209,12 @@ def _corrupt(path: str, exc: BaseException) -> CorruptDatabaseError:
         "its companion files from a backup."
     )
 
+
 def _missing_companions(path: str, suffixes: tuple[str, ...]) -> list[str]:
     if not os.path.isfile(path):
         return []
     return [path + suffix for suffix in suffixes if not os.path.exists(path + suffix)]
+
 
 def companions_missing(path: str, missing: list[str]) -> DatabaseNotFoundError:
     return DatabaseNotFoundError(

@@ -40,16 +40,16 @@ def append(
     """
     question = last_question(layout, memory, state)
     contextual = []
-    for text, user in zip(texts, from_user):
+    for text, user in zip(texts, from_user, strict=True):
         if user:
             question = text
         contextual.append(in_context(question, text, user))
     vectors = embed_documents(layout.embedder, contextual)
     if expires_at is not None:
         erase_expired_head(layout, memory, state)
-    atoms = [
+    atoms: list[dict[str, object]] = [
         {"kind": ITEM_KIND, "text": text, "embedding": vector, "payload": payload}
-        for payload, text, vector in zip(payloads, texts, vectors)
+        for payload, text, vector in zip(payloads, texts, vectors, strict=True)
     ]
     if expires_at is not None:
         for atom in atoms:
@@ -94,7 +94,7 @@ def pop(layout: SessionLayout, memory: Memory, state: SessionState) -> str | Non
         if state.tail_ids == [hit.id] and record.segments is not None:
             # The segment's last live item: dropping the segment erases its key too.
             layout.drop_segment(memory, state, number)
-            return hit.payload
+            return str(hit.payload)
         layout.write_record(memory, state)
         receipt = memory.forget(layout.region(memory, state, number), [hit.id])
         if receipt.rows_deleted == 0:
@@ -105,7 +105,7 @@ def pop(layout: SessionLayout, memory: Memory, state: SessionState) -> str | Non
         state.tail_stored = max(0, state.tail_stored - 1)
         if not state.tail_ids and not layout.has_live(memory, state, number):
             layout.drop_segment(memory, state, number)
-        return hit.payload
+        return str(hit.payload)
     return None
 
 
@@ -142,7 +142,9 @@ def erase(layout: SessionLayout, memory: Memory, state: SessionState) -> Erasure
     """
     if state.catalog_id is None and not state.segments:
         return None
-    erased = {number: [hit.id for hit in layout.live_hits(memory, state, number)] for number in state.segments}
+    erased = {
+        number: [hit.id for hit in layout.live_hits(memory, state, number)] for number in state.segments
+    }
     algorithm = clear(layout, memory, state) or "AES-256-KW(RFC3394)"
     confirmed = True
     for number, ids in erased.items():
