@@ -4,7 +4,7 @@
 
 For regions of 256, 1,000 and 10,000 atoms (one file, the default sync mode), the
 median cost of each memory call a session makes. The layout (citadeldb_openai_agents/
-layout.py) keeps every region a session touches at most ~256 atoms because the calls
+storage/segments.py) keeps every region a session touches at most ~256 atoms because the calls
 marked "scans" grow with the region. Timing only; nothing is asserted.
 """
 

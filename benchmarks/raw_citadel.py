@@ -1,6 +1,6 @@
 """The floor: raw citadeldb memory calls doing a session's work in our storage layout.
 
-Same file layout as citadeldb_openai_agents (layout.py): a meta region with a
+Same file layout as citadeldb_openai_agents (storage/segments.py): a meta region with a
 salt, a catalog region with one atom per session, and each session a chain of
 encrypted segment regions of at most 256 atoms named ``coa.s.<hid>.<n>``; one
 atom per item whose payload is the item's JSON text and whose text is the

@@ -190,14 +190,16 @@ class CitadelSessionStore:
         found = self._file.summary(session_id)
         return None if found is None else _summary((session_id, *found))
 
-    def export(self, session_id: str) -> list[Any]:
+    def export(self, session_id: str, *, progress: Progress | None = None) -> list[Any]:
         """A session's items, oldest first, exactly as stored (for a data-access request).
+
+        `progress(done, total)` is called after each of the session's segments (256 items).
 
         Raises:
             SessionNotFoundError: the session holds no live item.
         """
         self._check_open()
-        items = self._get_items(session_id, None)
+        items = decode_items(self._file.all_items(session_id, progress))
         if not items:
             raise self._not_found(session_id)
         return items

@@ -10,7 +10,7 @@ temporary directory.
 
 * package: the store's public API as a user calls it (``add_items`` per turn,
   ``await session.search(q, limit=5)``).
-* variants: the package's segment layout (layout.py: 256-atom encrypted
+* variants: the package's segment layout (storage/segments.py: 256-atom encrypted
   regions, payload = the item's JSON, text = the indexed projection) built with
   raw citadeldb calls, so the indexed text and the ranking can change without
   touching the package: the indexed text ("own", as now, or "question+own": a
@@ -57,9 +57,12 @@ import citadeldb
 from citadeldb import RecallOptions
 
 from citadeldb_openai_agents import CitadelSessionStore
-from citadeldb_openai_agents.items import ITEM_KIND, search_text
-from citadeldb_openai_agents.layout import SEGMENT_CAPACITY
-from citadeldb_openai_agents.store import DEFAULT_CACHE_PAGES
+
+# On purpose, this harness reaches into the package's internals: its raw emulation must lay
+# sessions out and index their text exactly as the package does (the parity check).
+from citadeldb_openai_agents.options import DEFAULT_CACHE_PAGES
+from citadeldb_openai_agents.storage.codec import ITEM_KIND, search_text
+from citadeldb_openai_agents.storage.segments import SEGMENT_CAPACITY
 
 HERE = Path(__file__).resolve().parent
 DATASET = HERE / "dataset.json"
@@ -430,7 +433,7 @@ def groups(
 def make_embedder(name: str) -> Any:
     if name == "mock":
         return citadeldb.MockEmbedder(dim=128)
-    from citadeldb_openai_agents.sentence_embedder import SentenceTransformerEmbedder
+    from citadeldb_openai_agents import SentenceTransformerEmbedder
 
     return SentenceTransformerEmbedder()
 
@@ -648,7 +651,7 @@ class Hit(NamedTuple):
 
 
 class RawIndex:
-    """Sessions as chains of encrypted 256-atom segments, laid out as layout.py does."""
+    """Sessions as chains of encrypted 256-atom segments, laid out as storage/segments.py does."""
 
     def __init__(self, path: str, embedder: MemoisedEmbedder) -> None:
         # sync_mode "off" only speeds up building; searches read the same pages.
@@ -675,7 +678,7 @@ class RawIndex:
                     atom["embedding"] = list(self.embedder.embed_with_cancel([text[1]])[0])
                 atoms.append(atom)
                 position += 1
-            # As layout.py: a batch lands in one segment; a new one starts once the tail holds 256.
+            # As storage/segments.py: a batch lands in one segment; a new one starts once the tail holds 256.
             if not regions or stored >= SEGMENT_CAPACITY:
                 regions.append(f"s.{session.id}.{len(regions)}")
                 self.memory.create_encrypted_region(regions[-1], self.embedder)

@@ -62,8 +62,8 @@ def sessions(args: argparse.Namespace) -> int:
 
 
 def export(args: argparse.Namespace) -> int:
-    with _open(args) as store:
-        items = store.export(args.session_id)
+    with _open(args) as store, render.progress_bar("exporting", enabled=True, unit="segment") as progress:
+        items = store.export(args.session_id, progress=progress)
     data = render.json_lines(items)
     if args.out is None:
         sys.stdout.buffer.write(data)

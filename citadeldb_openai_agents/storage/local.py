@@ -110,8 +110,8 @@ class LocalFile:
     def newest(self, session_id: str, limit: int) -> list[str]:
         return self._on(session_id, reads.newest, limit)
 
-    def all_items(self, session_id: str) -> list[str]:
-        return self._on(session_id, reads.all_items)
+    def all_items(self, session_id: str, progress: Progress | None = None) -> list[str]:
+        return self._on(session_id, reads.all_items, progress)
 
     def pop(self, session_id: str) -> str | None:
         return self._on(session_id, writes.pop)

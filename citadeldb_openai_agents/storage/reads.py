@@ -10,6 +10,7 @@ from __future__ import annotations
 from citadeldb.memory import AtomHit, Memory
 
 from ..embedders.protocol import embed_query
+from ..results import Progress
 from .codec import ITEM_KIND, decode_item, is_user_message
 from .records import segment_name
 from .segments import SessionLayout, SessionState, now_micros
@@ -48,14 +49,18 @@ def newest_in(
     return hits
 
 
-def all_items(layout: SessionLayout, memory: Memory, state: SessionState) -> list[str]:
-    """The payloads of every live item, oldest first."""
+def all_items(
+    layout: SessionLayout, memory: Memory, state: SessionState, progress: Progress | None = None
+) -> list[str]:
+    """The payloads of every live item, oldest first; `progress` after each segment."""
     read: dict[int, list[int]] = {}
     payloads: list[str] = []
-    for number in state.segments:
+    for done, number in enumerate(state.segments, 1):
         hits = layout.live_hits(memory, state, number)
         read[number] = [hit.id for hit in hits]
         payloads.extend(hit.payload for hit in hits)
+        if progress is not None:
+            progress(done, len(state.segments))
     if read:
         layout.check_complete(state, read)
     return payloads
