@@ -43,6 +43,12 @@ from citadeldb_openai_agents import CitadelSession, CitadelSessionStore, ForkedS
 from conftest import KEY, run_python
 from stub_embedders import StubEmbedder
 
+# Python 3.12+ warns when a process with threads forks: these tests fork one on purpose (an open
+# store has an owner thread), to check what the child may and may not do.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:This process .* is multi-threaded, use of fork:DeprecationWarning"
+)
+
 TIMEOUT = 60  # seconds any one wait may take before the test fails instead of hanging
 
 
