@@ -3,7 +3,26 @@
 Every message names the cause and the fix, and none ever contains a passphrase.
 Subclasses also derive from the built-in exception a caller would expect
 (``ValueError`` for a bad argument, ``RuntimeError`` for a closed session), so
-both ``except CitadelSessionError`` and ``except ValueError`` work.
+both ``except CitadelSessionError`` and ``except ValueError`` work. No citadeldb
+exception reaches a caller: storage/translate.py turns each into one of these.
+
+    CitadelSessionError
+    ├── ConfigurationError (ValueError)        the settings: every problem, each with its fix
+    ├── EmptyPassphraseError (ValueError)      an empty passphrase, refused before any file is touched
+    ├── WrongPassphraseError                   the passphrase does not open the file (or a damaged key file)
+    ├── DatabaseLockedError                    another process holds the file (names it)
+    ├── DatabaseNotFoundError (FileNotFoundError)  no file where expected, or a companion file missing
+    ├── CorruptDatabaseError                   damage found; nothing was changed (restore from a backup)
+    ├── StorageError                           Citadel failed in a way none of the above describes
+    ├── ForkedStoreError (RuntimeError)        a store used in a process forked from its owner
+    ├── SessionClosedError (RuntimeError)      a closed store or session was used
+    ├── InvalidItemError (TypeError, ValueError)  an item that is not JSON; nothing was written
+    ├── EmbedderError (RuntimeError)           the embedder failed
+    ├── EmbedderMismatchError (ValueError)     the file's vectors come from another model
+    ├── SessionNotFoundError (LookupError)     an operator command named a session that holds nothing
+    └── BackupExistsError (FileExistsError)    a backup would overwrite a file
+
+    ConfigurationWarning (UserWarning)         a configuration that works but is risky
 """
 
 from __future__ import annotations
