@@ -20,9 +20,10 @@ from .embedders.providers import resolve_embedder
 from .errors import SessionClosedError, SessionNotFoundError
 from .options import Argon2Profile, SyncMode, check_passphrase, check_ttl
 from .results import Erasure, IntegrityReport, Progress, ReembedSummary, SessionSummary
+from .serving.shared import SharedFile
 from .storage import local
 from .storage.codec import decode_item, decode_items, encode_item, is_user_message, search_text
-from .storage.local import LocalFile, database_options
+from .storage.local import database_options
 
 if TYPE_CHECKING:
     # Imported for annotations only: the operator CLI never needs the Agents SDK loaded.
@@ -60,11 +61,15 @@ class CitadelSessionStore:
         create: False refuses to create a new file: a missing one raises
             `DatabaseNotFoundError` instead, so a wrong path or working directory
             cannot silently start an empty database.
+        serve: True (the default): the process that opens the file first owns it and
+            serves it to the other processes that open it, which become its clients
+            with no change to their code, and take it over if it goes. False: the file
+            is this process's alone (another gets `DatabaseLockedError`); a forked
+            child's inherited store raises `ForkedStoreError`.
 
     Stores (and `CitadelSession` objects) on the same file in one process share
-    one open database; a different passphrase for an open file is refused. A store
-    belongs to the process that opened it: in a forked child, every call raises
-    `ForkedStoreError` (and `close` only marks it closed).
+    one open database; a different passphrase for an open file is refused. Every
+    process on one file needs the same passphrase, TTL and embedder.
     """
 
     def __init__(
@@ -79,6 +84,7 @@ class CitadelSessionStore:
         sync_mode: SyncMode | None = None,
         cache_size: int | None = None,
         create: bool = True,
+        serve: bool = True,
     ) -> None:
         try:
             check_passphrase(key)
@@ -88,7 +94,15 @@ class CitadelSessionStore:
             options = database_options(argon2_profile, sync_mode, cache_size)
             self._closed = False
             self._close_lock = threading.Lock()
-            self._file = LocalFile(path, key, embedder=resolved_embedder, options=options, create=create)
+            self._file = SharedFile(
+                path,
+                key,
+                embedder=resolved_embedder,
+                options=options,
+                create=create,
+                ttl=self._ttl,
+                serve=serve,
+            )
         finally:
             # Gone from this frame on every path: error trackers record a failed frame's locals.
             del key
@@ -107,6 +121,12 @@ class CitadelSessionStore:
     def embedder_identity(self) -> EmbedderIdentity:
         """The model id, dimension and metric the file's vectors are bound to."""
         return self._file.identity
+
+    @property
+    def served_by(self) -> int | None:
+        """The process that owns the file when this store is its client; None when this one owns it."""
+        self._check_open()
+        return self._file.served_by
 
     @property
     def closed(self) -> bool:

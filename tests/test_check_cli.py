@@ -128,14 +128,16 @@ def test_a_database_not_created_yet_is_usable_and_not_created_by_check(tmp_path:
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.fixture
-def held(deployed: Path) -> Iterator[subprocess.Popen[str]]:
-    """The running service: another process holding the deployed database."""
+def running_service(deployed: Path, **variables: str) -> Iterator[subprocess.Popen[str]]:
     service = "import sys\nfrom citadeldb_openai_agents import from_config\nstore = from_config()\n"
     process = subprocess.Popen(
-        [sys.executable, "-c", service + "print('serving', flush=True)\nsys.stdin.readline()\n"],
+        [
+            sys.executable,
+            "-c",
+            service + "print('serving', flush=True)\nsys.stdin.readline()\nstore.close()\n",
+        ],
         cwd=deployed,
-        env=environment(),
+        env={**environment(), **variables},
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -143,6 +145,37 @@ def held(deployed: Path) -> Iterator[subprocess.Popen[str]]:
     assert process.stdout is not None and process.stdout.readline() == "serving\n"
     yield process
     process.communicate("\n", timeout=60)
+
+
+@pytest.fixture
+def held(deployed: Path) -> Iterator[subprocess.Popen[str]]:
+    """The running service, keeping the deployed database to itself (serve = false)."""
+    yield from running_service(deployed, CITADEL_SERVE="false")
+
+
+@pytest.fixture
+def served(deployed: Path) -> Iterator[subprocess.Popen[str]]:
+    """The running service, serving the deployed database to other processes (the default)."""
+    yield from running_service(deployed)
+
+
+def test_a_file_the_service_serves_is_checked_through_it(
+    deployed: Path, served: subprocess.Popen[str]
+) -> None:
+    text, as_json = check(cwd=deployed), check("--json", cwd=deployed)
+
+    assert text.returncode == as_json.returncode == 0, text.stderr
+    assert f"held by process {served.pid}, serving; passphrase verified through the owner" in text.stdout
+    report = json.loads(as_json.stdout)["database"]
+    assert (report["served_by"], report["passphrase_verified"], report["locked"]) == (served.pid, True, False)
+
+
+def test_a_wrong_passphrase_is_caught_through_the_service(
+    deployed: Path, served: subprocess.Popen[str]
+) -> None:
+    write(deployed / "key.txt", "not the passphrase\n")
+    wrong = check(cwd=deployed, CITADEL_KEY_FILE=str(deployed / "key.txt"))
+    assert wrong.returncode == 1 and "does not accept it" in wrong.stderr
 
 
 def test_a_file_held_by_the_service_says_the_configuration_is_valid_and_names_the_holder(

@@ -155,7 +155,7 @@ async def test_what_clear_session_erased_is_missing_for_citadel_and_from_the_fil
         )
     await store.session("kept").add_items([{"role": "user", "content": "unrelated"}])
     regions = stored_ids(store, "to-erase")
-    catalog_id = store._file._layout.state("to-erase").catalog_id
+    catalog_id = store._file._local._layout.state("to-erase").catalog_id
     assert sum(map(len, regions.values())) == 400 and catalog_id is not None
     assert {a.verdict for a in memory_of(store).verify("coa.catalog", [catalog_id])} == {"authentic"}
 

@@ -123,7 +123,7 @@ class Citadel:
     def segments_of(self, session_id: str) -> str:
         """The region-name prefix of a session's segments (its salted HMAC, read as the store does)."""
         with CitadelSessionStore(self.path, KEY) as store:
-            return f"coa.s.{store._file._layout.hid(session_id)}."
+            return f"coa.s.{store._file._local._layout.hid(session_id)}."
 
     def readable(self) -> int:
         return sum(self.inventory().values())
@@ -313,8 +313,8 @@ async def test_a_read_that_comes_back_short_raises(make_store, fetch_loses_one_a
     await store.session("other").add_items(items("other", 3))
     ids = [
         hit.id
-        for name in store._file._layout.segment_regions(store._file._layout.state("s"))
-        for hit in store._file._database.memory.fetch(name, "item", limit=1000)
+        for name in store._file._local._layout.segment_regions(store._file._local._layout.state("s"))
+        for hit in store._file._local._database.memory.fetch(name, "item", limit=1000)
     ]
     store.close()
     store = make_store()
@@ -343,8 +343,8 @@ async def test_a_fresh_process_finds_the_newest_items_missing_too(
     """The tail's ids are looked up once per process: that lookup is checked as well."""
     store = make_store()
     await store.session("s").add_items(items("s", 10))
-    tail = store._file._layout.segment_regions(store._file._layout.state("s"))[-1]
-    newest = store._file._database.memory.fetch(tail, "item", limit=100)[-1].id
+    tail = store._file._local._layout.segment_regions(store._file._local._layout.state("s"))[-1]
+    newest = store._file._local._database.memory.fetch(tail, "item", limit=100)[-1].id
     store.close()
     store = make_store()
     fetch_loses_one_atom.append(newest)

@@ -145,9 +145,9 @@ async def test_reembed_of_a_file_that_kept_the_question_in_the_keyword_text(
     store = make_store()
     await store.session("s").add_items([{"role": "user", "content": "where is the spare key?"}])
     # A reply as files written before 2026-11-30 stored it: its keyword text held the question.
-    state = store._file._layout.state("s")
-    [region] = store._file._layout.segment_regions(state)
-    store._file._database.memory.remember_batch(
+    state = store._file._local._layout.state("s")
+    [region] = store._file._local._layout.segment_regions(state)
+    store._file._local._database.memory.remember_batch(
         region,
         [
             {

@@ -11,11 +11,11 @@ from citadeldb_openai_agents.storage.codec import ITEM_KIND
 
 
 def memory_of(store: CitadelSessionStore) -> Memory:
-    return store._file._database.memory  # Citadel's handle, to ask Citadel itself
+    return store._file._local._database.memory  # Citadel's handle, to ask Citadel itself
 
 
 def stored_ids(store: CitadelSessionStore, session_id: str) -> dict[str, list[int]]:
-    layout, memory = store._file._layout, memory_of(store)
+    layout, memory = store._file._local._layout, memory_of(store)
     state = layout.state(session_id)
     return {
         region: [hit.id for hit in memory.fetch(region, ITEM_KIND, limit=10_000)]
@@ -27,7 +27,7 @@ def verdicts_after_recreating(store: CitadelSessionStore, regions: dict[str, lis
     memory = memory_of(store)
     found = set()
     for region, ids in regions.items():
-        memory.create_encrypted_region(region, store._file._layout.embedder)
+        memory.create_encrypted_region(region, store._file._local._layout.embedder)
         found |= {attestation.verdict for attestation in memory.verify(region, ids)}
         memory.drop_region(region)
     return found
@@ -82,7 +82,7 @@ async def test_a_clear_interrupted_by_a_crash_finishes_on_reopen(make_store, db_
         await session.add_items([{"n": n} for n in range(start, start + 100)])
     await store.session("kept").add_items([{"n": "kept"}])
     regions = stored_ids(store, "s")
-    state = store._file._layout.state("s")
+    state = store._file._local._layout.state("s")
     # The commit point of a clear, as if the process died right after it and one segment's
     # drop: the record says "clearing", one segment is gone, the rest still stored.
     state.record.clearing = True

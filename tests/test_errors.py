@@ -72,7 +72,7 @@ def test_file_held_by_another_process(db_path: Path, key: str) -> None:
             textwrap.dedent("""
             import sys
             from citadeldb_openai_agents import CitadelSessionStore
-            store = CitadelSessionStore(sys.argv[1], sys.argv[2], argon2_profile="iot")
+            store = CitadelSessionStore(sys.argv[1], sys.argv[2], argon2_profile="iot", serve=False)
             print("ready", flush=True)
             sys.stdin.readline()
             store.close()
@@ -225,5 +225,7 @@ def test_reprs_and_messages_never_hold_the_passphrase(
     store: CitadelSessionStore, key: str, db_path: Path
 ) -> None:
     session = store.session("s")
-    assert key not in repr(store) and key not in repr(session) and key not in repr(store._file._database)
+    assert (
+        key not in repr(store) and key not in repr(session) and key not in repr(store._file._local._database)
+    )
     assert key not in repr(vars(store)) and key not in repr(vars(session))

@@ -203,7 +203,9 @@ def test_an_inherited_store_raises_forked_store_error_in_children_and_the_parent
     path = tmp_path / "agent.cdl"
     embedder = GatedEmbedder()
     # The test keeps the store and its session in `held` only, so a child can drop its references.
-    held: dict[str, Any] = {"store": CitadelSessionStore(path, KEY, embedder=embedder, argon2_profile="iot")}
+    held: dict[str, Any] = {
+        "store": CitadelSessionStore(path, KEY, embedder=embedder, argon2_profile="iot", serve=False)
+    }
     held["session"] = held["store"].session("parent")
     written: list[dict[str, Any]] = []
 
@@ -299,7 +301,7 @@ from citadeldb_openai_agents import CitadelSessionStore, ForkedStoreError
 def turn(number):
     return [{"role": "user", "content": f"parent turn {number}"}]
 
-store = CitadelSessionStore(sys.argv[1], sys.argv[2], argon2_profile="iot")
+store = CitadelSessionStore(sys.argv[1], sys.argv[2], argon2_profile="iot", serve=False)
 session = store.session("parent")
 asyncio.run(session.add_items(turn(0)))
 children = []
@@ -370,7 +372,7 @@ def test_a_child_forked_while_the_last_store_closes_cannot_open_the_file(
 ) -> None:
     path = tmp_path / "agent.cdl"
     embedder = GatedEmbedder()
-    store = CitadelSessionStore(path, KEY, embedder=embedder, argon2_profile="iot")
+    store = CitadelSessionStore(path, KEY, embedder=embedder, argon2_profile="iot", serve=False)
     session = store.session("parent")
     embedder.gate.clear()
     embedder.entered.clear()  # opening the file embedded too
@@ -403,9 +405,10 @@ def add_turn_in_pool_worker(number: int) -> str:
 
 
 def test_multiprocessing_fork_pool_tasks_get_forked_store_error_and_the_parent_keeps_working(
-    store: CitadelSessionStore, db_path: Path
+    make_store, db_path: Path
 ) -> None:
     global inherited_store
+    store = make_store(serve=False)
     session = store.session("parent")
     asyncio.run(session.add_items(turn("parent", 0)))
     inherited_store = store
@@ -435,12 +438,15 @@ WORKER_CLASS = "uvicorn_worker.UvicornWorker"
 class Gunicorn:
     """A gunicorn serving tests/asgi_turn_app.py on 127.0.0.1; its log is kept line by line."""
 
-    def __init__(self, directory: Path, database: Path, *options: str, workers: int) -> None:
+    def __init__(
+        self, directory: Path, database: Path, *options: str, workers: int, serve: bool = True
+    ) -> None:
         with socket.socket() as probe:  # a free port, released for gunicorn to bind
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         env = {k: v for k, v in os.environ.items() if not k.startswith("CITADEL_")}
         env.update(CITADEL_PATH=str(database), CITADEL_KEY=KEY, CITADEL_ARGON2_PROFILE="iot")
+        env["CITADEL_SERVE"] = "true" if serve else "false"
         env["HOME"] = str(directory)  # gunicorn 27 puts a control socket in ~/.gunicorn
         self.process = subprocess.Popen(
             [
@@ -515,8 +521,10 @@ class Gunicorn:
 
 
 @contextmanager
-def gunicorn(directory: Path, database: Path, *options: str, workers: int) -> Iterator[Gunicorn]:
-    server = Gunicorn(directory, database, *options, workers=workers)
+def gunicorn(
+    directory: Path, database: Path, *options: str, workers: int, serve: bool = True
+) -> Iterator[Gunicorn]:
+    server = Gunicorn(directory, database, *options, workers=workers, serve=serve)
     try:
         server.wait_until_serving(workers)
         yield server
@@ -546,11 +554,12 @@ def test_gunicorn_preload_workers_get_forked_store_error_and_the_masters_file_st
 ) -> None:
     path = tmp_path / "agent.cdl"
     before = seed(path)
-    with gunicorn(tmp_path, path, "--preload", workers=2) as server:
+    with gunicorn(tmp_path, path, "--preload", workers=2, serve=False) as server:
         answers = send_turns(server, clients=4, turns=10)
         server.stop()
 
-    # The master opened the store at import; every worker inherited it, so every turn fails.
+    # The master opened the store at import and keeps it to itself (serve = false); every
+    # worker inherited it, so every turn fails.
     statuses = [answer for session in answers.values() for answer in session]
     assert statuses == [(500, "ForkedStoreError")] * 40
     log = "".join(server.log)
@@ -582,3 +591,58 @@ def test_gunicorn_without_preload_stores_every_acknowledged_turn(tmp_path: Path)
             texts = [item["content"] for item in store.export(session_id) if item.get("role") == "user"]
             assert texts == [f"{session_id.replace('-', ' ')} turn {t}" for t in range(10)]
         assert store.verify().ok
+
+
+def assert_every_turn_stored(
+    path: Path, answers: dict[str, list[tuple[int, str]]], before: list[Any]
+) -> None:
+    for session_id, session_answers in answers.items():
+        assert session_answers == [(200, str(2 * (t + 1))) for t in range(len(session_answers))], session_id
+    with CitadelSessionStore(path, KEY) as store:
+        assert store.export("before") == before
+        for session_id, session_answers in answers.items():
+            texts = [item["content"] for item in store.export(session_id) if item.get("role") == "user"]
+            assert texts == [f"{session_id.replace('-', ' ')} turn {t}" for t in range(len(session_answers))]
+        assert store.verify().ok
+
+
+def test_gunicorn_preload_workers_are_clients_of_the_master_that_serves_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "agent.cdl"
+    before = seed(path)
+    with gunicorn(tmp_path, path, "--preload", workers=2) as server:
+        answers = send_turns(server, clients=4, turns=10)
+        server.stop()
+    # The master opened the store at import and serves it; each worker's inherited store
+    # became a client of it at its first call.
+    assert "ForkedStoreError" not in "".join(server.log)
+    assert_every_turn_stored(path, answers, before)
+
+
+def test_gunicorn_workers_without_preload_share_the_file_through_the_first(tmp_path: Path) -> None:
+    path = tmp_path / "agent.cdl"
+    before = seed(path)
+    with gunicorn(tmp_path, path, workers=2) as server:
+        answers = send_turns(server, clients=4, turns=10)
+        server.stop()
+    assert "DatabaseLockedError" not in "".join(server.log)
+    assert_every_turn_stored(path, answers, before)
+
+
+def test_an_inherited_store_becomes_a_client_of_the_parent_that_serves_it(
+    store: CitadelSessionStore, db_path: Path, fork: Callable[[Callable[[], Any]], Child]
+) -> None:
+    session = store.session("parent")
+    asyncio.run(session.add_items(turn("parent", 0)))
+
+    def child_turns() -> Any:
+        child_session = store.session(f"child {os.getpid()}")
+        for number in range(3):
+            asyncio.run(child_session.add_items(turn("child", number)))
+        return [len(asyncio.run(child_session.get_items())), store.served_by]
+
+    children = [fork(child_turns) for _ in range(2)]
+    results = [child.result() for child in children]
+    assert results == [[6, os.getpid()], [6, os.getpid()]]
+    assert len(store.session_ids()) == 3
+    assert asyncio.run(session.get_items()) == turn("parent", 0)
+    assert store.verify().ok

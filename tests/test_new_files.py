@@ -21,7 +21,11 @@ pytestmark = pytest.mark.usefixtures("clean_environment")  # the working directo
 
 
 def created(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno == logging.INFO]
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == LOGGER and r.levelno == logging.INFO and r.getMessage().startswith("created ")
+    ]
 
 
 def test_creating_a_file_is_logged_with_its_absolute_path(tmp_path: Path, caplog) -> None:

@@ -109,7 +109,7 @@ async def test_a_backup_runs_while_no_write_is_under_way(
     backup = storage_module.backup_with_audit
 
     def watched(db: object, path: str, target: str) -> None:
-        in_flight_at_backup.append(store._file._database._in_flight)
+        in_flight_at_backup.append(store._file._local._database._in_flight)
         backup(db, path, target)  # type: ignore[arg-type]
 
     monkeypatch.setattr(storage_module, "backup_with_audit", watched)

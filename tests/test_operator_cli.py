@@ -579,31 +579,83 @@ def test_verify_a_file_too_damaged_to_open_exits_1_with_a_readable_message(
 # -- errors shared by every command -----------------------------------------------------------
 
 
-def test_a_file_held_by_another_process_explains_who_owns_it(database: Path) -> None:
+def service_holding(database: Path, *, serve: bool) -> subprocess.Popen[str]:
+    """A service process holding the file (serving it to others, or keeping it to itself)."""
     holder = subprocess.Popen(
         [
             sys.executable,
             "-c",
-            "import citadeldb, os, sys\n"
-            "db = citadeldb.connect(sys.argv[1], key=os.environ['HOLDER_KEY'], region_keys=True)\n"
+            "import os, sys\n"
+            "from citadeldb_openai_agents import CitadelSessionStore\n"
+            "store = CitadelSessionStore(sys.argv[1], os.environ['HOLDER_KEY'], serve=sys.argv[2] == 'yes')\n"
             "print('ready', flush=True)\n"
-            "sys.stdin.read()\n",
+            "sys.stdin.read()\n"
+            "store.close()\n",
             str(database),
+            "yes" if serve else "no",
         ],
         env=environment(database, HOLDER_KEY=PASSPHRASE),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
+    assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
+    return holder
+
+
+def stop(holder: subprocess.Popen[str]) -> None:
+    assert holder.stdin is not None
+    holder.stdin.close()
+    holder.wait(timeout=60)
+
+
+def test_operator_commands_work_through_the_process_that_serves_the_file(
+    database: Path, tmp_path: Path
+) -> None:
+    holder = service_holding(database, serve=True)
     try:
-        assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
+        env = environment(database)
+        listed = run("sessions", env=env)
+        exported = run("export", "user-456", env=env)
+        verified = run("verify", "--json", env=env)
+        backed_up = run("backup", str(tmp_path / "copy.cdl"), env=env)
+        purged = run("purge", env=env)
+        erased = run("erase", "user-123", "--yes", "--json", env=env)
+        checked = run("check", env=env)
+        rotated = run("rotate-key", env={**env, "CITADEL_NEW_KEY": NEW_PASSPHRASE})
+        reembedded = run("reembed", env=env)
+    finally:
+        stop(holder)
+
+    assert listed.returncode == 0 and "user-123" in listed.stdout and "user-456" in listed.stdout
+    assert exported.returncode == 0 and json.loads(exported.stdout) == OTHER[0]
+    assert verified.returncode == 0 and json.loads(verified.stdout)["ok"] is True
+    assert backed_up.returncode == 0 and (tmp_path / "copy.cdl").exists()
+    assert purged.returncode == 0 and "erased 0 expired items" in purged.stdout
+    assert erased.returncode == 0
+    [receipt] = json.loads(erased.stdout)
+    assert (receipt["session_id"], receipt["items_erased"], receipt["readback_confirmed"]) == (
+        "user-123",
+        2,
+        True,
+    )
+    assert checked.returncode == 0
+    assert f"held by process {holder.pid}, serving; passphrase verified through the owner" in checked.stdout
+    assert rotated.returncode == 1 and "Stop the service first" in rotated.stderr
+    assert reembedded.returncode == 1 and "one process owns a Citadel file at a time" in reembedded.stderr
+    with CitadelSessionStore(database, PASSPHRASE) as store:
+        assert store.session_ids() == ["user-456"]
+
+
+def test_a_file_held_by_another_process_explains_who_owns_it(database: Path) -> None:
+    holder = service_holding(database, serve=False)
+    try:
         erased = run("erase", "user-123", "--yes", env=environment(database))
     finally:
-        assert holder.stdin is not None
-        holder.stdin.close()
-        holder.wait(timeout=60)
+        stop(holder)
 
     assert erased.returncode == 1
+    assert f"PID {holder.pid}" in erased.stderr and "serve = false there" in erased.stderr
     assert "one process owns a Citadel file at a time" in erased.stderr
     assert "stop the service that owns the file" in erased.stderr
     assert "store.erase_sessions(session_ids)" in erased.stderr

@@ -1,4 +1,6 @@
-"""One process owns a file: another gets a clear error at once, and the file as soon as it is closed."""
+"""With serving off, one process owns a file: another gets a clear error at once, and the file
+as soon as it is closed. (With serving on, the default, the other becomes a client:
+tests/test_serving.py.)"""
 
 from __future__ import annotations
 
@@ -61,7 +63,7 @@ def holder(db_path: Path) -> Iterator[subprocess.Popen[str]]:
             textwrap.dedent("""
             import sys
             from citadeldb_openai_agents import CitadelSessionStore
-            store = CitadelSessionStore(sys.argv[1], sys.argv[2], argon2_profile="iot")
+            store = CitadelSessionStore(sys.argv[1], sys.argv[2], argon2_profile="iot", serve=False)
             print("holding", flush=True)
             sys.stdin.readline()
         """),
@@ -87,7 +89,7 @@ def try_to_open(process: subprocess.Popen[str]) -> list[str]:
 async def test_a_second_process_is_refused_at_once_then_opens_after_close(
     make_store, db_path: Path, other_process
 ) -> None:
-    store = make_store()
+    store = make_store(serve=False)
     await store.session("s").add_items([{"content": "written by the first process"}])
 
     outcome, error, took, message = try_to_open(other_process)
@@ -111,7 +113,7 @@ async def test_closing_after_a_failed_call_frees_the_file_at_once(db_path: Path,
     try:
         with (
             pytest.raises(Exception, match="embedding service unavailable"),
-            CitadelSessionStore(db_path, KEY, embedder=embedder, argon2_profile="iot") as store,
+            CitadelSessionStore(db_path, KEY, embedder=embedder, argon2_profile="iot", serve=False) as store,
         ):
             await store.session("s").add_items([{"content": "stored"}])
             embedder.failure = ConnectionError("embedding service unavailable")
@@ -121,21 +123,20 @@ async def test_closing_after_a_failed_call_frees_the_file_at_once(db_path: Path,
         gc.enable()
 
 
-async def test_the_refusal_names_the_holders_pid_and_says_to_run_one_worker(
-    make_store, other_process
-) -> None:
-    make_store()  # this process holds the file; the other one is refused
+async def test_the_refusal_names_the_holders_pid_and_says_what_to_do(make_store, other_process) -> None:
+    make_store(serve=False)  # this process keeps the file to itself; the other one is refused
 
     outcome, error, _, message = try_to_open(other_process)
 
     assert (outcome, error) == ("refused", "DatabaseLockedError")
     assert f"another process, PID {os.getpid()} (" in message
-    assert "run one worker" in message and "serving one file to many processes is planned" in message
+    assert "keeps the file to itself (serve = false there)" in message
+    assert "leave serve on (the default) in every process on the file" in message
 
 
 def test_the_holder_is_named_with_its_program_but_never_its_arguments(db_path: Path, holder) -> None:
     with pytest.raises(DatabaseLockedError) as caught:
-        CitadelSessionStore(db_path, KEY)
+        CitadelSessionStore(db_path, KEY, serve=False)
 
     assert caught.value.holder is not None
     assert caught.value.holder.pid == holder.pid
@@ -151,8 +152,8 @@ def test_a_holder_that_cannot_be_known_is_just_another_process(
     monkeypatch.setattr(lock_holder, "PROC", tmp_path / "no-proc")  # as on macOS, or without /proc
 
     with pytest.raises(DatabaseLockedError) as caught:
-        CitadelSessionStore(db_path, KEY)
+        CitadelSessionStore(db_path, KEY, serve=False)
 
     assert caught.value.holder is None
     assert f"{db_path} is held by another process: one process owns" in str(caught.value)
-    assert "run one worker" in str(caught.value)
+    assert "This process has serve = false" in str(caught.value)

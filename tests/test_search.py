@@ -55,7 +55,7 @@ async def test_ranking_merges_segments_by_distance(make_store) -> None:
     await session.add_items(filler)  # fills the first segment
     await session.add_items([QUESTION, ANSWER])  # lands in the second
     await session.add_items(filler)
-    assert len(store._file._layout.state("long").segments) == 2
+    assert len(store._file._local._layout.state("long").segments) == 2
     assert (await session.search("office wifi password", limit=1)) == [ANSWER]
 
 
@@ -68,8 +68,8 @@ async def test_a_reply_is_embedded_with_its_question_but_keyword_indexed_alone(m
         text for text in embedder.embedded if text not in ("layout", "session")
     ]  # meta, catalog
     assert items_embedded == [question, f"{question}\n{answer}"]
-    [region] = store._file._layout.segment_regions(store._file._layout.state("s"))
-    atoms = store._file._database.memory.fetch(region, "item", limit=10)
+    [region] = store._file._local._layout.segment_regions(store._file._local._layout.state("s"))
+    atoms = store._file._local._database.memory.fetch(region, "item", limit=10)
     assert [atom.text for atom in atoms] == [question, answer]  # what the keyword index holds
 
 

@@ -117,7 +117,7 @@ def held_by_another_process(path: Path) -> subprocess.Popen[str]:
             textwrap.dedent("""
             import sys
             from citadeldb_openai_agents import CitadelSessionStore
-            store = CitadelSessionStore(sys.argv[1], sys.argv[2])
+            store = CitadelSessionStore(sys.argv[1], sys.argv[2], serve=False)
             print("holding", flush=True)
             sys.stdin.readline()
         """),
@@ -169,8 +169,8 @@ async def test_success_path_shows_the_passphrase_nowhere(
         store,
         session,
         own,
-        store._file._database,
-        store._file._layout,
+        store._file._local._database,
+        store._file._local._layout,
         await session.get_items(),
         await session.search("hello"),
         await session.pop_item(),
@@ -181,11 +181,12 @@ async def test_success_path_shows_the_passphrase_nowhere(
         store.backup(tmp_path / "backup.cdl"),
         store.erase_session("user-2"),
         vars(store),
+        vars(store._file),
         vars(session),
         vars(own),
     ]
     store.rotate_key(PASSPHRASE, NEW)
-    shown += [store, vars(store), store._file._database]
+    shown += [store, vars(store), store._file._local._database]
     CitadelSessionStore(tmp_path / "new.cdl", PASSPHRASE, argon2_profile="iot").close()
     assert any(record.name == "citadeldb_openai_agents" for record in every_log_record)  # "created ..."
     own.close()

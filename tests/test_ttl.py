@@ -39,7 +39,7 @@ async def test_purge_expired_erases_and_counts(make_store) -> None:
     assert store.purge_expired() == 6
     assert store.purge_expired() == 0
     for region, ids in regions.items():
-        memory_of(store).create_encrypted_region(region, store._file._layout.embedder)
+        memory_of(store).create_encrypted_region(region, store._file._local._layout.embedder)
         assert {a.verdict for a in memory_of(store).verify(region, ids)} == {"missing"}
 
 

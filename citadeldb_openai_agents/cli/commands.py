@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -19,6 +22,7 @@ from ..config import (
     CitadelSettings,
     check_configuration,
     configuration_warnings,
+    from_config,
     load_settings,
     new_passphrase,
     open_existing_store,
@@ -212,6 +216,30 @@ def verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def serve(args: argparse.Namespace) -> int:
+    """Own the file and serve it until SIGTERM or SIGINT (a sidecar, a systemd unit)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    settings = _settings(args)
+    if not settings.serve:
+        raise Refused(
+            f"serve is false (from {settings.provenance('serve').origin}): this command serves the file; "
+            "set serve = true (CITADEL_SERVE=true)"
+        )
+    with _open(args, settings, create=settings.create) as store:
+        if store.served_by is not None:
+            raise Refused(
+                f"process {store.served_by} already holds {store.path} and serves it; "
+                "this one would only be its client"
+            )
+        print(f"serving {store.path} until SIGTERM (pid {os.getpid()})", flush=True)
+        stop.wait()
+    print("stopped: the file is closed and no longer served", flush=True)
+    return 0
+
+
 # -- opening the store ---------------------------------------------------------------
 
 
@@ -220,9 +248,12 @@ def _settings(args: argparse.Namespace) -> CitadelSettings:
         return load_settings(args.config)
 
 
-def _open(args: argparse.Namespace, settings: CitadelSettings | None = None) -> CitadelSessionStore:
+def _open(
+    args: argparse.Namespace, settings: CitadelSettings | None = None, *, create: bool = False
+) -> CitadelSessionStore:
     with _warnings_printed():
-        return open_existing_store(settings if settings is not None else load_settings(args.config))
+        settings = settings if settings is not None else load_settings(args.config)
+        return from_config(settings) if create else open_existing_store(settings)
 
 
 @contextmanager

@@ -158,6 +158,15 @@ def _add_operations(subcommands: Any) -> None:
         as_json,
     ).set_defaults(run=commands.verify)
 
+    add(
+        "serve",
+        "own the file and serve it to other processes until SIGTERM",
+        "CitadelSessionStore(..., serve=True)",
+        "For a sidecar or a systemd unit: the service's workers, operator commands and cron jobs "
+        "that open the file become its clients. Logs clients connecting and leaving to stderr. "
+        "Exit 1 if another process already holds the file.",
+    ).set_defaults(run=commands.serve)
+
 
 def _variables_help() -> str:
     lines = [

@@ -41,6 +41,10 @@ def print_check_report(report: CheckReport) -> None:
         elif database.locked:
             holder = "" if database.held_by is None else f", {database.held_by}"
             print(f"  held by another process{holder}: not opened, so the passphrase was not verified")
+        elif database.passphrase_verified and database.served_by is not None:
+            print(f"  held by process {database.served_by}, serving; passphrase verified through the owner")
+            print(f"  sessions:   {database.sessions}")
+            print(f"  size:       {database.size_bytes} bytes ({human(database.size_bytes)})")
         elif database.passphrase_verified:
             print("  passphrase: verified")
             print(f"  sessions:   {database.sessions}")

@@ -34,8 +34,9 @@ class SettingReport:
 class DatabaseReport:
     """What opening the database found. `exists` False: it is created on first use.
 
-    `locked`: another process holds the file, so it was not opened; `held_by` is
-    that process when it can be known.
+    `locked`: another process holds the file and does not serve it, so it was not
+    opened; `held_by` is that process when it can be known. `served_by`: another
+    process holds the file and serves it; the passphrase was verified through it.
     """
 
     path: str
@@ -45,6 +46,7 @@ class DatabaseReport:
     size_bytes: int = 0
     locked: bool = False
     held_by: LockHolder | None = None
+    served_by: int | None = None
 
 
 @dataclass
@@ -182,6 +184,7 @@ def _check_database(settings: CitadelSettings, embedder: Embedder, problems: lis
     try:
         with open_store(settings, embedder, existing_only=True) as store:
             sessions = len(store.session_ids())
+            served_by = store.served_by
     except DatabaseLockedError as exc:
         # Normal while the service runs: the settings are fine, only the passphrase is unknown.
         who = "another process" if exc.holder is None else f"another process, {exc.holder}"
@@ -198,5 +201,10 @@ def _check_database(settings: CitadelSettings, embedder: Embedder, problems: lis
         problems.append(str(exc))
         return DatabaseReport(path, exists=True, size_bytes=database_size(path))
     return DatabaseReport(
-        path, exists=True, passphrase_verified=True, sessions=sessions, size_bytes=database_size(path)
+        path,
+        exists=True,
+        passphrase_verified=True,
+        sessions=sessions,
+        size_bytes=database_size(path),
+        served_by=served_by,
     )

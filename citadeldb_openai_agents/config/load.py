@@ -145,6 +145,7 @@ def open_store(
             sync_mode=settings.sync_mode,
             cache_size=settings.cache_size,
             create=settings.create and not existing_only,
+            serve=settings.serve,
         )
     except WrongPassphraseError as exc:
         hint = _key_file_hint(settings)

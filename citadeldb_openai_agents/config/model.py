@@ -139,6 +139,12 @@ class CitadelSettings(BaseSettings):
         description="Citadel's page cache in pages of ~8 KiB for this process (default 16384, "
         "~128 MiB at most, filled as pages are read); search is fast while it holds the file",
     )
+    # Web servers run several workers; operators run commands while the service runs.
+    serve: bool = Field(
+        True,
+        description="serve the file to the other processes that open it (they become clients of "
+        "the first); false keeps it to one process (another gets DatabaseLockedError)",
+    )
 
     _provenance: dict[str, Provenance] = PrivateAttr(default_factory=dict)
     _config_file: Path | None = PrivateAttr(default=None)

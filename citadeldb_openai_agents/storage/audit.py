@@ -42,8 +42,10 @@ class SessionCount:
     expected: int  # items stored for the session (unexpired)
     unreadable: int = 0
     cause: str | None = None
-    # The segments holding them: (region name, atom ids Citadel can read).
+    # The segments holding them.
     segments: tuple[str, ...] = ()
+    # Other atoms of the session (write markers) the file holds but Citadel cannot read.
+    other: int = 0
 
 
 @dataclass
@@ -60,7 +62,7 @@ class AuditVerdict:
 
     @property
     def damaged(self) -> list[SessionCount]:
-        return [count for count in self.sessions if count.unreadable]
+        return [count for count in self.sessions if count.unreadable or count.other]
 
     @property
     def ok(self) -> bool:
@@ -72,8 +74,9 @@ class AuditVerdict:
         damaged = self.damaged
         for damage in damaged[:limit]:
             who = "an unknown session" if damage.session_id is None else f"session {damage.session_id!r}"
+            markers = f" and {damage.other} of its write markers" if damage.other else ""
             findings.append(
-                f"{damage.unreadable} of {damage.expected} items of {who} cannot be read ({damage.cause})"
+                f"{damage.unreadable} of {damage.expected} items{markers} of {who} cannot be read ({damage.cause})"
             )
         if len(damaged) > limit:
             findings.append(f"and {len(damaged) - limit} more damaged sessions")
@@ -130,11 +133,11 @@ def _audit_session(
     expected = unreadable = 0
     causes = []
     kept = []
+    other = 0
     for number, name in sorted(numbers.items()):
         region = inventory.regions[name]
-        live = set(region.live_rows(inventory.taken_at))
-        if record.popping in region.unreadable:
-            live.discard(record.popping)  # a pop a crash interrupted: it goes when the file opens
+        # Items only: a segment also holds write markers (client writes), counted apart.
+        live = region.live_items(inventory.taken_at) - set(record.erasing)
         if number not in listed:
             # Unlisted before its drop, which a crash then interrupted. A number the
             # record never handed out cannot come from us.
@@ -147,21 +150,23 @@ def _audit_session(
             continue
         expected += len(live)
         kept.append(name)
-        lost = region.unreadable - {record.popping}
+        # A pop a crash interrupted leaves its atom unreadable: it goes when the file opens.
+        lost = region.unreadable - set(record.erasing)
         if lost:
-            unreadable += len(lost)
+            unreadable += len(lost & live)
+            other += len(lost - live)
             causes.append(f"{REGION_KEYS}: {region.unavailable}" if region.forgotten else ATOM_KEYS)
         elif region.forgotten:
             verdict.leftovers.add(name)  # a key lost with nothing live under it: nothing lost
-    cause = "; ".join(dict.fromkeys(causes)) if unreadable else None
-    verdict.sessions.append(SessionCount(record.session_id, expected, unreadable, cause, tuple(kept)))
+    cause = "; ".join(dict.fromkeys(causes)) if unreadable or other else None
+    verdict.sessions.append(SessionCount(record.session_id, expected, unreadable, cause, tuple(kept), other))
 
 
 def _audit_orphan(
     inventory: FileInventory, numbers: dict[int, str], unreadable_records: bool, verdict: AuditVerdict
 ) -> None:
     """Segments whose session has no readable catalog record."""
-    live = sum(len(inventory.regions[name].live_rows(inventory.taken_at)) for name in numbers.values())
+    live = sum(len(inventory.regions[name].live_items(inventory.taken_at)) for name in numbers.values())
     # Format 1 forgot the record first, then dropped the segments: a crash between left
     # exactly this. Format 2 forgets the record last, so only damage leaves it there.
     interrupted_clear = verdict.layout_format == 1 and not unreadable_records

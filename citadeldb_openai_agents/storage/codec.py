@@ -14,6 +14,8 @@ from typing import Any
 from ..errors import InvalidItemError
 
 ITEM_KIND = "item"
+# A write marker: the id of a batch another process sent, stored with the batch (writes.py).
+BATCH_KIND = "batch"
 
 
 def encode_item(item: Any, position: int) -> str:

@@ -38,6 +38,7 @@ from ..errors import (
 )
 from ..options import Argon2Profile, SyncMode, check_argon2_profile, check_cache_size, check_sync_mode
 from . import inventory
+from .codec import ITEM_KIND
 from .files import AUDIT_SUFFIX, COMPANION_SUFFIXES
 from .process import current_pid
 from .translate import companions_missing, translate_open_error, translate_storage_error
@@ -205,8 +206,8 @@ class OpenDatabase:
             raise translate_storage_error(exc, self.path) from exc
 
     def region_rows(self, names: list[str]) -> dict[str, dict[int, int | None]]:
-        """The rows the file's pages hold for these regions (atom id -> expiry in µs, or None)."""
-        return self.on_owner_thread(lambda db: inventory.region_rows(db, names))
+        """The item rows the file's pages hold for these regions (atom id -> expiry in µs, or None)."""
+        return self.on_owner_thread(lambda db: inventory.region_rows(db, names, ITEM_KIND))
 
     @contextmanager
     def operation(self) -> Iterator[citadeldb.memory.Memory]:

@@ -28,6 +28,8 @@ from typing import Any
 
 import citadeldb
 
+from .codec import ITEM_KIND
+
 ATOM_TABLE_PREFIX = "memory_atoms_"
 REGION_TABLE = "memory_regions"
 _ALL = 2**63 - 1  # the maintenance fetch's default limit is 100
@@ -41,6 +43,8 @@ class RegionRows:
     name: str
     # atom id -> expiry in µs since the epoch (None: never expires)
     rows: dict[int, int | None] = field(default_factory=dict)
+    # atom id -> its kind, for the atoms that are not items (records, write markers)
+    kinds: dict[int, str] = field(default_factory=dict)
     # Unexpired atoms whose row exists but whose content Citadel cannot read.
     unreadable: set[int] = field(default_factory=set)
     # Citadel cannot read the region at all (its key is unavailable, or its key store is
@@ -52,8 +56,12 @@ class RegionRows:
         return self.unavailable is not None
 
     def live_rows(self, now: int) -> list[int]:
-        """Ids of the rows that have not expired at `now` (µs)."""
+        """Ids of the rows that have not expired at `now` (µs), of any kind."""
         return [atom for atom, expires in self.rows.items() if expires is None or expires > now]
+
+    def live_items(self, now: int) -> set[int]:
+        """Ids of the unexpired rows that hold items."""
+        return {atom for atom in self.live_rows(now) if atom not in self.kinds}
 
 
 @dataclass
@@ -123,8 +131,8 @@ def take_inventory(db: citadeldb.Database, record_kinds: dict[str, str]) -> File
     return FileInventory(regions, _now(), records)
 
 
-def region_rows(db: citadeldb.Database, names: list[str]) -> dict[str, dict[int, int | None]]:
-    """The rows of the named regions (atom id -> expiry), read from the pages; {} for a name with none."""
+def region_rows(db: citadeldb.Database, names: list[str], kind: str) -> dict[str, dict[int, int | None]]:
+    """The rows of kind `kind` in the named regions (atom id -> expiry), read from the pages."""
     ids = _region_ids(db, names)
     found: dict[str, dict[int, int | None]] = {name: {} for name in names}
     if not ids:
@@ -134,8 +142,9 @@ def region_rows(db: citadeldb.Database, names: list[str]) -> dict[str, dict[int,
     for table in _atom_tables(db):
         rows = _query(
             db,
-            f"SELECT id, region_id, expires_at FROM {table} WHERE region_id IN ({placeholders})",
-            list(by_id),
+            f"SELECT id, region_id, expires_at FROM {table} "
+            f"WHERE region_id IN ({placeholders}) AND kind = ${len(by_id) + 1}",
+            [*by_id, kind],
         )
         for atom, region_id, expires in rows:
             found[by_id[region_id]][int(atom)] = _micros(expires)
@@ -149,11 +158,15 @@ def _stored_rows(db: citadeldb.Database) -> dict[str, RegionRows]:
     names = {region_id: name for region_id, name in _query(db, f"SELECT id, name FROM {REGION_TABLE}")}
     regions = {name: RegionRows(name) for name in names.values()}
     for table in _atom_tables(db):
-        for atom, region_id, expires in _query(db, f"SELECT id, region_id, expires_at FROM {table}"):
+        for atom, region_id, kind, expires in _query(
+            db, f"SELECT id, region_id, kind, expires_at FROM {table}"
+        ):
             name = names.get(region_id)
             if name is None:
                 raise UnsupportedEngineError(f"{table} holds atom {atom} of an unknown region {region_id}")
             regions[name].rows[int(atom)] = _micros(expires)
+            if kind != ITEM_KIND:
+                regions[name].kinds[int(atom)] = str(kind)
     return regions
 
 

@@ -104,8 +104,24 @@ class LocalFile:
         texts: list[str],
         from_user: list[bool],
         expires_at: int | None,
+        batch: str | None = None,
+        resent: bool = False,
     ) -> None:
-        self._on(session_id, writes.append, payloads, texts, from_user, expires_at)
+        """Store a batch. `batch` (another process's id for it) is stored with it; `resent`
+        says that process may have sent it before: then a batch already stored is not
+        stored again."""
+        self._on(session_id, _append_once, payloads, texts, from_user, expires_at, batch, resent)
+
+    def peek_newest(self, session_id: str) -> tuple[int, str] | None:
+        """The newest item's atom id and payload (what a client pops or clears through)."""
+        hit = self._on(session_id, reads.newest_hit)
+        return None if hit is None else (hit.id, str(hit.payload))
+
+    def pop_if_newest(self, session_id: str, atom: int) -> str:
+        return self._on(session_id, writes.pop_if_newest, atom)
+
+    def clear_through(self, session_id: str, atom: int) -> None:
+        self._on(session_id, writes.clear_through, atom)
 
     def newest(self, session_id: str, limit: int) -> list[str]:
         return self._on(session_id, reads.newest, limit)
@@ -233,6 +249,22 @@ def _copy_watched(source: str, target: str, progress: Progress | None) -> Iterat
     callback(total, total)
 
 
+def _append_once(
+    layout: SessionLayout,
+    memory: Any,
+    state: SessionState,
+    payloads: list[str],
+    texts: list[str],
+    from_user: list[bool],
+    expires_at: int | None,
+    batch: str | None,
+    resent: bool,
+) -> None:
+    if resent and batch is not None and writes.committed(layout, memory, state, batch):
+        return
+    writes.append(layout, memory, state, payloads, texts, from_user, expires_at, batch)
+
+
 def integrity_report(
     pages: Mapping[str, Any],
     chain: Mapping[str, Any],
@@ -278,13 +310,16 @@ def _inspect(db: citadeldb.Database, path: str) -> IntegrityReport:
         found: dict[str, int] = {}
         for name in count.segments:
             region = inventory.regions[name]
-            ids = sorted(set(region.live_rows(inventory.taken_at)) - region.unreadable)
+            ids = sorted(region.live_items(inventory.taken_at) - region.unreadable)
             for attestation in maintenance.verify(name, ids) if ids and not region.forgotten else []:
                 found[attestation.verdict] = found.get(attestation.verdict, 0) + 1
         for kind, number in found.items():
             verdicts[kind] = verdicts.get(kind, 0) + number
         not_authentic = sum(number for kind, number in found.items() if kind != "authentic")
         readable = count.expected - count.unreadable
+        if count.other:
+            who = "an unknown session" if count.session_id is None else f"session {count.session_id!r}"
+            verdict.file.append(f"{count.other} write markers of {who} cannot be read ({count.cause})")
         sessions.append(
             SessionIntegrity(count.session_id, count.expected, readable, not_authentic, count.cause)
         )

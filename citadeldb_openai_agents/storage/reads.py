@@ -49,6 +49,15 @@ def newest_in(
     return hits
 
 
+def newest_hit(layout: SessionLayout, memory: Memory, state: SessionState) -> AtomHit | None:
+    """The session's newest live item (its id and payload), or None."""
+    for number in reversed(state.segments):
+        hits = newest_in(layout, memory, state, number, 1)
+        if hits:
+            return hits[0]
+    return None
+
+
 def all_items(
     layout: SessionLayout, memory: Memory, state: SessionState, progress: Progress | None = None
 ) -> list[str]:

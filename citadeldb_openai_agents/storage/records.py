@@ -57,7 +57,8 @@ class CatalogRecord:
     """What a session's catalog atom says about it.
 
     Writes keep it ahead of the data: a segment is listed before it is created and
-    unlisted before it is dropped, an atom is named in `popping` before a pop
+    unlisted before it is dropped, the atoms a pop (or a partial clear) erases are named
+    in `erasing` before it
     erases it, and `clearing` is set before a clear drops anything. So whatever a
     crash interrupts, the record explains every region and atom that is left.
     """
@@ -69,14 +70,14 @@ class CatalogRecord:
     # The number the next new segment takes: numbers are never reused, so a
     # segment dropped once can never be mistaken for a live one.
     next_segment: int = 0
-    popping: int | None = None
+    erasing: list[int] = field(default_factory=list)
     clearing: bool = False
 
     def to_payload(self) -> dict[str, Any]:
         payload: dict[str, Any] = {
             "segments": self.segments,
             "next": self.next_segment,
-            "popping": self.popping,
+            "erasing": self.erasing,
             "clearing": self.clearing,
         }
         try:
@@ -99,6 +100,6 @@ class CatalogRecord:
             session_id,
             segments=list(payload["segments"]),
             next_segment=int(payload["next"]),
-            popping=payload.get("popping"),
+            erasing=list(payload.get("erasing", ())),
             clearing=bool(payload.get("clearing")),
         )

@@ -97,14 +97,9 @@ _AUDIT_MAGIC = "0x41554454"  # "AUDT", the audit log's magic number
 def _locked(path: str) -> DatabaseLockedError:
     holder = find_lock_holder(path)
     who = "another process" if holder is None else f"another process, {holder}"
-    # The usual cause: a server started with several workers, each opening the file.
+    # What to do about it depends on serving, which the caller (serving/shared.py) adds.
     return DatabaseLockedError(
-        f"{path} is held by {who}: one process owns a Citadel file at a time. If it is "
-        "another worker of this app (uvicorn or gunicorn --workers N), run one worker: its "
-        "event loop already serves many conversations at once (serving one file to many "
-        "processes is planned). Otherwise stop that process (or run this work inside it "
-        "through its store), then retry.",
-        holder=holder,
+        f"{path} is held by {who}: one process owns a Citadel file at a time.", holder=holder
     )
 
 

@@ -12,8 +12,8 @@ from citadeldb.memory import Memory
 
 from ..embedders.protocol import embed_documents
 from ..results import Erasure
-from .codec import ITEM_KIND, decode_item, in_context, is_user_message, search_text
-from .reads import newest, newest_in
+from .codec import BATCH_KIND, ITEM_KIND, decode_item, in_context, is_user_message, search_text
+from .reads import newest, newest_hit, newest_in
 from .records import CATALOG_REGION
 from .segments import SEGMENT_CAPACITY, SessionLayout, SessionState
 
@@ -28,8 +28,13 @@ def append(
     texts: list[str],
     from_user: list[bool],
     expires_at: int | None,
+    batch: str | None = None,
 ) -> None:
     """Store one batch atomically, in one segment.
+
+    With `batch` (an id another process chose), a write marker holding it is stored in
+    the same commit: if that process sends the batch again, not knowing whether the
+    owner wrote it before dying, `committed` finds it and it is not written twice.
 
     Every item that is not the user's is embedded with the latest user message
     before it: a query matches the user's question better than the reply that
@@ -54,16 +59,29 @@ def append(
     if expires_at is not None:
         for atom in atoms:
             atom["expires_at"] = expires_at
+    if batch is not None:
+        # Citadel wants a vector for every atom; a marker is never searched (kind filter).
+        vector = [1.0] + [0.0] * (layout.identity.dim - 1)
+        atoms.append({"kind": BATCH_KIND, "text": "batch", "embedding": vector, "payload": {"batch": batch}})
     if not state.segments or layout.tail_stored(memory, state) >= SEGMENT_CAPACITY:
         region = layout.open_segment(memory, state)
     else:
         region = layout.region(memory, state, state.segments[-1])
     # A failed batch writes nothing; an empty listed segment is a valid tail.
-    ids = memory.remember_batch(region, atoms)
+    ids = memory.remember_batch(region, atoms)[: len(payloads)]  # ids in list order: the items'
     if state.tail_ids is not None:
         state.tail_ids.extend(ids)
     state.tail_stored += len(ids)
     state.last_question = question
+
+
+def committed(layout: SessionLayout, memory: Memory, state: SessionState, batch: str) -> bool:
+    """Whether a batch with this id was written (its marker is in one of the last two segments)."""
+    for number in state.segments[-2:]:
+        region = layout.region(memory, state, number)
+        if memory.fetch(region, BATCH_KIND, payload_filter={"batch": batch}, limit=1):
+            return True
+    return False
 
 
 def last_question(layout: SessionLayout, memory: Memory, state: SessionState) -> str:
@@ -90,7 +108,7 @@ def pop(layout: SessionLayout, memory: Memory, state: SessionState) -> str | Non
             continue
         hit = hits[0]
         record = layout.record(state)
-        record.popping = hit.id  # announced: a crash mid-erasure is not damage
+        record.erasing = [hit.id]  # announced: a crash mid-erasure is not damage
         if state.tail_ids == [hit.id] and record.segments is not None:
             # The segment's last live item: dropping the segment erases its key too.
             layout.drop_segment(memory, state, number)
@@ -107,6 +125,57 @@ def pop(layout: SessionLayout, memory: Memory, state: SessionState) -> str | Non
             layout.drop_segment(memory, state, number)
         return str(hit.payload)
     return None
+
+
+def pop_if_newest(layout: SessionLayout, memory: Memory, state: SessionState, atom: int) -> str:
+    """Pop the newest item if it is `atom`: "popped"; "gone" if `atom` is no longer stored; else "moved".
+
+    What a client sends after reading the newest item (`reads.newest_hit`): sent again
+    after the owner died without answering, it finds the atom gone and pops nothing more.
+    """
+    hit = newest_hit(layout, memory, state)
+    if hit is not None and hit.id == atom:
+        pop(layout, memory, state)
+        return "popped"
+    return "moved" if stored(layout, memory, state, atom) else "gone"
+
+
+def clear_through(layout: SessionLayout, memory: Memory, state: SessionState, through: int) -> None:
+    """Erase the items up to atom `through`, keeping any written since (`through` 0: none).
+
+    What a client sends after reading the newest item's id: sent again, it finds them
+    gone, and an item another process added meanwhile is never erased by it.
+    """
+    hit = newest_hit(layout, memory, state)
+    if hit is None or through <= 0:
+        return
+    if hit.id <= through:
+        clear(layout, memory, state)
+        return
+    state.last_question = None  # it may be what goes
+    for number in list(state.segments):
+        ids = [hit.id for hit in layout.live_hits(memory, state, number) if hit.id <= through]
+        if not ids:
+            break
+        if not any(hit.id > through for hit in newest_in(layout, memory, state, number, 1)):
+            layout.drop_segment(memory, state, number)  # all of it is older
+            continue
+        record = layout.record(state)
+        record.erasing = ids  # announced: a crash mid-erasure is not damage
+        layout.write_record(memory, state)
+        memory.forget(layout.region(memory, state, number), ids)
+        if number == state.segments[-1]:
+            state.tail_ids = None
+        break
+
+
+def stored(layout: SessionLayout, memory: Memory, state: SessionState, atom: int) -> bool:
+    """Whether the session still holds the live item `atom`."""
+    for number in state.segments:
+        found = memory.fetch_by_ids(layout.region(memory, state, number), [atom])
+        if found and found[0] is not None:
+            return True
+    return False
 
 
 def clear(layout: SessionLayout, memory: Memory, state: SessionState) -> str | None:

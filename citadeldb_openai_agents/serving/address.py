@@ -1,0 +1,83 @@
+"""Where the owner of a file listens, and the key a client proves it knows.
+
+The socket lives in a directory only this user can use: ``$XDG_RUNTIME_DIR`` (systemd
+makes it, mode 0700) or else ``/tmp/citadeldb-openai-agents-<uid>``, which is
+created with mode 0700 and refused if anyone else owns it or can enter it. Its name
+is a digest of the database's resolved path, so every process that opens the file,
+by whatever path, finds the same socket, and a long path cannot exceed AF_UNIX's
+limit of about 107 bytes.
+
+The authentication key is derived from the passphrase with scrypt, salted with the
+file's path: the passphrase itself never crosses the socket, and the derivation's
+cost (~0.1 s) slows a guesser who can reach the socket to one guess per derivation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+from ..errors import CitadelSessionError
+
+_APP = "citadeldb-openai-agents"
+_SALT_DOMAIN = b"citadeldb-openai-agents/serve/v1\0"
+# scrypt's cost: 16 MiB and ~0.1 s on this project's 2-core machine, once per process and file.
+_SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32}
+
+
+def socket_path(database: str) -> str:
+    """The owner's socket for the database at the resolved path `database`."""
+    return str(runtime_directory() / f"{_name(database)}.sock")
+
+
+def exclusive_marker(database: str) -> str:
+    """A file that says the database's owner keeps it to itself (serve = false)."""
+    return str(runtime_directory() / f"{_name(database)}.exclusive")
+
+
+def _name(database: str) -> str:
+    return hashlib.sha256(database.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def runtime_directory() -> Path:
+    """A directory only this user can write to, made if needed; raises if it is not safe."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and _private(Path(runtime)):
+        directory = Path(runtime) / _APP
+    else:
+        directory = Path(tempfile.gettempdir()) / f"{_APP}-{os.getuid()}"
+    try:
+        directory.mkdir(mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise CitadelSessionError(
+            f"cannot create {directory} for the socket that serves the file to other processes "
+            f"({exc.strerror}); set XDG_RUNTIME_DIR to a directory of this user's, or serve = false"
+        ) from None
+    if not _private(directory):
+        raise CitadelSessionError(
+            f"{directory} is owned by another user or open to others, so the socket that serves the "
+            "file to other processes cannot be put there safely. Remove it (or make it yours with "
+            "mode 700), set XDG_RUNTIME_DIR to a directory of this user's, or set serve = false."
+        )
+    return directory
+
+
+def _private(directory: Path) -> bool:
+    try:
+        status = directory.lstat()
+    except OSError:
+        return False
+    return (
+        stat.S_ISDIR(status.st_mode)
+        and status.st_uid == os.getuid()
+        and not status.st_mode & (stat.S_IRWXG | stat.S_IRWXO)
+    )
+
+
+def derive_authkey(passphrase: str, database: str) -> bytes:
+    """The key a process proves it knows to use the owner's socket (HMAC challenge)."""
+    salt = _SALT_DOMAIN + hashlib.sha256(database.encode("utf-8", "surrogatepass")).digest()
+    return hashlib.scrypt(passphrase.encode("utf-8", "surrogatepass"), salt=salt, **_SCRYPT)

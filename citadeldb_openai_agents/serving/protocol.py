@@ -1,0 +1,79 @@
+"""What crosses the owner's socket, after `multiprocessing.connection`'s HMAC handshake.
+
+Every message is a tuple, pickled by `multiprocessing.connection` (nothing from a peer
+is unpickled before that peer has proved it knows the passphrase):
+
+* client -> owner, once: ``("hello", VERSION, ClientHello)``; the owner answers
+  ``("welcome", OwnerHello)``;
+* client -> owner, per call: ``(operation, args)``; the owner answers with any number
+  of ``("progress", done, total)``, then ``("ok", value)`` or ``("error", exception)``.
+
+Items cross as their JSON text, as the store hands them to storage. Exceptions cross
+pickled: the client raises the very exception the owner's store raised.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import StorageError
+
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class ClientHello:
+    """Who is asking, and the settings fixed per file that must agree with the owner's."""
+
+    pid: int
+    program: str
+    ttl: float | None
+    identity: tuple[str, int, str]  # the embedder: model id, dimension, metric
+
+
+@dataclass(frozen=True)
+class OwnerHello:
+    """The owner's side of the handshake."""
+
+    pid: int
+    path: str
+    ttl: float | None
+    identity: tuple[str, int, str]
+
+
+# The operations a client may ask for, and whether one may be sent again after the owner
+# died without answering: reads may; writes are made safe to resend (see client.py).
+OPERATIONS = {
+    "append": True,  # carries a batch id the owner checks before writing again
+    "newest": True,
+    "all_items": True,
+    "search": True,
+    "peek_newest": True,
+    "pop_if_newest": True,  # names the atom: popping it again finds it gone
+    "clear_through": True,  # names the newest atom to erase: erasing again finds them gone
+    "erase": False,  # its receipt is lost with the owner; the operator reruns it
+    "summary": True,
+    "session_ids": True,
+    "summaries": True,
+    "purge_expired": True,
+    "verify": True,
+    "backup": False,  # a second attempt would find the first one's files
+}
+
+
+def portable(exc: BaseException) -> BaseException:
+    """`exc`, or a `StorageError` telling it, if it would not survive the trip."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return StorageError(f"{type(exc).__name__}: {exc}")
+    return exc
+
+
+def describe(value: Any) -> str:
+    """A short, secret-free description of a message for a log line."""
+    if isinstance(value, tuple) and value and isinstance(value[0], str):
+        return value[0]
+    return type(value).__name__

@@ -1,0 +1,221 @@
+"""The owner's side: a file served to other processes on a Unix socket.
+
+One listening thread accepts; each connection gets a thread that first runs the
+handshake (`multiprocessing.connection`'s HMAC challenge, both ways, under a
+timeout: a peer that sends nothing or garbage only ever costs its own thread a few
+seconds) and then executes that client's calls on the `LocalFile`, one at a time.
+Calls of different clients run in parallel, as the store's own threads do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
+from typing import Any
+
+from ..errors import CitadelSessionError
+from ..storage.local import LocalFile
+from ..storage.process import current_pid
+from .protocol import OPERATIONS, VERSION, ClientHello, OwnerHello, portable
+
+log = logging.getLogger("citadeldb_openai_agents")
+
+HANDSHAKE_SECONDS = 5.0  # a peer must prove itself within this, or it is dropped
+_SO_PEERCRED = getattr(socket, "SO_PEERCRED", None)
+
+
+class Server:
+    """Serves one `LocalFile` on `address` to whoever proves it knows the passphrase."""
+
+    def __init__(
+        self,
+        file: LocalFile,
+        address: str,
+        authkey: bytes,
+        *,
+        ttl: float | None,
+        extra: dict[str, Callable[..., Any]] | None = None,
+    ) -> None:
+        self._file = file
+        self.address = address
+        self._authkey = authkey
+        self._ttl = ttl
+        self._extra = extra or {}
+        self._owner_pid = current_pid()
+        self._closed = threading.Event()
+        self._clients: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._listener = _listen(address)
+        self._thread = threading.Thread(target=self._accept, name="citadel-serve", daemon=True)
+        self._thread.start()
+        log.info("serving %s to other processes on %s", file.path, address)
+
+    @property
+    def clients(self) -> int:
+        """How many client connections are open now."""
+        with self._lock:
+            return len(self._clients)
+
+    def close(self) -> None:
+        """Stop serving and remove the socket; clients then take the file over or reconnect.
+
+        In a process forked from the owner it does nothing: the socket is the parent's.
+        """
+        if current_pid() != self._owner_pid or self._closed.is_set():
+            return
+        self._closed.set()
+        with contextlib.suppress(OSError):
+            os.unlink(self.address)
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        with self._lock:
+            for client in self._clients:
+                with contextlib.suppress(OSError):
+                    client.shutdown(socket.SHUT_RDWR)
+        self._thread.join(timeout=5)
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                peer, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._serve, args=(peer,), name="citadel-client", daemon=True).start()
+
+    def _serve(self, peer: socket.socket) -> None:
+        who = _peer(peer)
+        with self._lock:
+            self._clients.add(peer)
+        connection: Connection | None = None
+        try:
+            # A blocking read that gives up after a while (`settimeout` would make the socket
+            # non-blocking, which the connection's plain reads do not expect).
+            _receive_timeout(peer, HANDSHAKE_SECONDS)
+            connection = Connection(os.dup(peer.fileno()))
+            hello = self._handshake(connection, who)
+            if hello is None:
+                return
+            _receive_timeout(peer, 0)
+            log.info("client connected to %s: %s (%s)", self._file.path, who, hello.program)
+            self._calls(connection)
+            log.info("client left %s: %s", self._file.path, who)
+        except (EOFError, OSError) as exc:
+            if not self._closed.is_set():
+                log.warning("dropped the client %s of %s: %s", who, self._file.path, type(exc).__name__)
+        finally:
+            with self._lock:
+                self._clients.discard(peer)
+            if connection is not None:
+                connection.close()
+            peer.close()
+
+    def _handshake(self, connection: Connection, who: str) -> ClientHello | None:
+        """Authenticate the peer both ways, then exchange hellos; None for a peer refused."""
+        try:
+            deliver_challenge(connection, self._authkey)
+            answer_challenge(connection, self._authkey)
+        except Exception as exc:
+            log.warning(
+                "refused a peer of %s (%s): %s, a wrong passphrase or not a client of this package",
+                self._file.path,
+                who,
+                type(exc).__name__,
+            )
+            return None
+        message = connection.recv()
+        if not (isinstance(message, tuple) and len(message) == 3 and message[0] == "hello"):
+            log.warning("refused a peer of %s (%s): it sent no hello", self._file.path, who)
+            return None
+        _, version, hello = message
+        if version != VERSION or not isinstance(hello, ClientHello):
+            log.warning(
+                "refused a peer of %s (%s): protocol %r, not %d", self._file.path, who, version, VERSION
+            )
+            connection.send(("refused", f"protocol {version!r}: this owner speaks {VERSION}"))
+            return None
+        identity = self._file.identity
+        connection.send(
+            (
+                "welcome",
+                OwnerHello(
+                    current_pid(),
+                    self._file.path,
+                    self._ttl,
+                    (identity.model_id, identity.dim, identity.metric),
+                ),
+            )
+        )
+        return hello
+
+    def _calls(self, connection: Connection) -> None:
+        while True:
+            try:
+                operation, args = connection.recv()
+            except EOFError:
+                return  # the client closed the connection: it left
+            function = self._extra.get(operation) or (
+                getattr(self._file, operation) if operation in OPERATIONS else None
+            )
+            if function is None:
+                connection.send(("error", CitadelSessionError(f"the owner offers no {operation!r}")))
+                continue
+            try:
+                if operation in ("verify", "purge_expired", "summaries", "backup", "all_items"):
+                    result = function(*args, progress=_reporter(connection))
+                else:
+                    result = function(*args)
+            except Exception as exc:
+                connection.send(("error", portable(exc)))
+            else:
+                connection.send(("ok", result))
+
+
+def _reporter(connection: Connection) -> Callable[[int, int], None]:
+    def progress(done: int, total: int) -> None:
+        connection.send(("progress", done, total))
+
+    return progress
+
+
+def _listen(address: str) -> socket.socket:
+    """A listening socket at `address`, mode 0600, replacing one a dead owner left."""
+    # Only the process holding the file's lock serves it, so a socket found here is stale.
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(address)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    previous = os.umask(0o177)  # created 0600: no window in which others could connect
+    try:
+        listener.bind(address)
+    finally:
+        os.umask(previous)
+    os.chmod(address, 0o600)
+    listener.listen(64)
+    return listener
+
+
+def _receive_timeout(peer: socket.socket, seconds: float) -> None:
+    """Reads on `peer` fail after `seconds` without data (0: wait forever)."""
+    whole = int(seconds)
+    peer.setsockopt(
+        socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", whole, int((seconds - whole) * 1e6))
+    )
+
+
+def _peer(peer: socket.socket) -> str:
+    """The peer's process id and user, where Linux tells them (SO_PEERCRED)."""
+    if _SO_PEERCRED is None:
+        return "a local process"
+    try:
+        pid, uid, _ = struct.unpack(
+            "3i", peer.getsockopt(socket.SOL_SOCKET, _SO_PEERCRED, struct.calcsize("3i"))
+        )
+    except OSError:
+        return "a local process"
+    return f"PID {pid}" if uid == os.getuid() else f"PID {pid} (uid {uid})"

@@ -1,0 +1,380 @@
+"""A file shared by every process that opens it: this one owns it and serves it, or is a client.
+
+The first process to open a file holds Citadel's lock and owns it; with ``serve`` on
+(the default) it serves the file on a Unix socket (server.py). A process that finds
+the file held becomes a client of that owner (client.py), with no change to its code.
+When the owner goes, whether it exits, is stopped or is killed, a client's next call
+takes the file over (and serves it) or connects to whichever process did. A call in
+flight then is sent again only when that is safe: a batch carries an id the owner
+stores with it, a pop or a clear names the atom it stops at; an erasure or a backup,
+whose outcome is unknown, raises instead.
+
+A store inherited by a forked child (gunicorn ``--preload``) becomes a client of the
+parent that serves it; with serving off, it raises `ForkedStoreError`.
+
+The passphrase is kept here for the life of the store, in a private buffer that is
+zeroed on close: taking the file over means opening it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..embedders.protocol import Embedder, EmbedderIdentity
+from ..errors import ConfigurationError, DatabaseLockedError, ForkedStoreError, StorageError
+from ..results import Erasure, IntegrityReport, Progress
+from ..storage.files import resolve_path
+from ..storage.local import LocalFile
+from ..storage.process import current_pid
+from .address import derive_authkey, socket_path
+from .client import OwnerGone, RemoteOwner
+from .hosting import (
+    clients_of,
+    is_exclusive,
+    mark_exclusive,
+    restart_serving,
+    serves,
+    start_serving,
+    stop_serving,
+)
+from .protocol import OPERATIONS, ClientHello
+
+if TYPE_CHECKING:
+    import citadeldb
+
+# How long a client waits for an owner: one starting up (it holds the lock before it
+# serves), or a new one after the old one died. Past it, the file is held by a process
+# that does not serve it.
+HANDOVER_SECONDS = 10.0
+
+
+class Secret:
+    """Bytes kept for the life of a store (the passphrase, the socket's key): never shown, zeroed on close."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: bytes) -> None:
+        self.value = bytearray(value)
+
+    def wipe(self) -> None:
+        self.value[:] = bytes(len(self.value))
+
+    def __repr__(self) -> str:
+        return "<secret>"
+
+
+class SharedFile:
+    """Every operation the store offers, on a file this process owns or reaches through its owner."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        key: str,
+        *,
+        embedder: Embedder,
+        options: citadeldb.DatabaseOptions,
+        create: bool,
+        ttl: float | None,
+        serve: bool,
+    ) -> None:
+        self._secret = Secret(key.encode("utf-8", "surrogatepass"))
+        try:
+            self._resolved = resolve_path(path)
+            # Opened by the name given the first time (its errors say what that was), by the
+            # resolved path for a takeover later (the working directory may have changed).
+            self._opening: str | os.PathLike[str] = path
+            self._authkey = Secret(derive_authkey(key, self._resolved) if serve else b"")
+        finally:
+            del key  # error trackers record a failed frame's locals
+        self._embedder = embedder
+        self._options = options
+        self._create = create
+        self._ttl = ttl
+        self._serve = serve
+        self._lock = threading.Lock()
+        self._local: LocalFile | None = None
+        self._remote: RemoteOwner | None = None
+        self._owner_pid: int | None = None
+        self._attach(time.monotonic() + HANDOVER_SECONDS)
+
+    # -- who holds the file ---------------------------------------------------------------
+
+    @property
+    def path(self) -> str:
+        return self._resolved
+
+    @property
+    def identity(self) -> EmbedderIdentity:
+        return EmbedderIdentity.of(self._embedder) if self._local is None else self._local.identity
+
+    @property
+    def served_by(self) -> int | None:
+        """The process that owns the file when this one is its client; None when this one owns it."""
+        return None if self._local is not None else self._owner_pid
+
+    @property
+    def forked(self) -> bool:
+        return self._local is not None and self._local.forked
+
+    def check_process(self) -> None:
+        """In a forked child, become a client of the parent that serves the file (or raise)."""
+        local = self._local
+        if local is None or not local.forked:
+            return
+        if not serves(self._resolved) or not self._serve:
+            local.check_process()  # ForkedStoreError: the parent does not serve the file
+        with self._lock:
+            if self._local is local:  # the inherited file is left as it is (registry.py)
+                self._local = None
+                self._attach(time.monotonic() + HANDOVER_SECONDS)
+
+    def release(self) -> None:
+        """This store's share of the file is given back (the last one closes it, or stops serving)."""
+        with self._lock:
+            local, remote = self._local, self._remote
+            self._local = self._remote = None
+        if remote is not None:
+            remote.close()
+        if local is not None and not local.forked:
+            if self._serve:
+                stop_serving(self._resolved)
+            else:
+                mark_exclusive(self._resolved, False)
+            local.release()
+        self._secret.wipe()
+        self._authkey.wipe()
+
+    # -- one session ----------------------------------------------------------------------
+
+    def append(
+        self,
+        session_id: str,
+        payloads: list[str],
+        texts: list[str],
+        from_user: list[bool],
+        expires_at: int | None,
+    ) -> None:
+        batch = uuid.uuid4().hex
+        self._call("append", session_id, payloads, texts, from_user, expires_at, batch)
+
+    def newest(self, session_id: str, limit: int) -> list[str]:
+        return self._call("newest", session_id, limit)  # type: ignore[no-any-return]
+
+    def all_items(self, session_id: str, progress: Progress | None = None) -> list[str]:
+        return self._call("all_items", session_id, progress=progress)  # type: ignore[no-any-return]
+
+    def search(self, session_id: str, query: str, limit: int) -> list[str]:
+        return self._call("search", session_id, query, limit)  # type: ignore[no-any-return]
+
+    def summary(self, session_id: str) -> tuple[int, int, int] | None:
+        return self._call("summary", session_id)  # type: ignore[no-any-return]
+
+    def pop(self, session_id: str) -> str | None:
+        if self._owned() is not None:
+            return self._owned().pop(session_id)  # type: ignore[union-attr]
+        while True:  # read the newest, then pop it if it still is: safe to send again
+            newest = self._call("peek_newest", session_id)
+            if newest is None:
+                return None
+            atom, payload = newest
+            if self._call("pop_if_newest", session_id, atom) != "moved":
+                return str(payload)
+
+    def clear(self, session_id: str) -> None:
+        if self._owned() is not None:
+            self._owned().clear(session_id)  # type: ignore[union-attr]
+            return
+        newest = self._call("peek_newest", session_id)
+        self._call("clear_through", session_id, 0 if newest is None else newest[0])
+
+    def erase(self, session_id: str) -> Erasure | None:
+        return self._call("erase", session_id)  # type: ignore[no-any-return]
+
+    # -- every session --------------------------------------------------------------------
+
+    def session_ids(self) -> list[str]:
+        return self._call("session_ids")  # type: ignore[no-any-return]
+
+    def summaries(self, progress: Progress | None = None) -> list[tuple[str, int, int, int]]:
+        return self._call("summaries", progress=progress)  # type: ignore[no-any-return]
+
+    def purge_expired(self, progress: Progress | None = None) -> int:
+        return self._call("purge_expired", progress=progress)  # type: ignore[no-any-return]
+
+    def verify(self, progress: Progress | None = None) -> IntegrityReport:
+        return self._call("verify", progress=progress)  # type: ignore[no-any-return]
+
+    def backup(self, destination: str | os.PathLike[str], progress: Progress | None = None) -> list[str]:
+        # The owner writes it: a path that means the same in every process.
+        return self._call("backup", os.path.abspath(os.fspath(destination)), progress=progress)  # type: ignore[no-any-return]
+
+    def rotate_key(self, current_key: str, new_key: str) -> None:
+        keys = [current_key, new_key]
+        del current_key, new_key
+        try:
+            local = self._owned()
+            if local is None:
+                raise StorageError(
+                    f"cannot change the passphrase of {self._resolved} while process {self._owner_pid} holds "
+                    "it and serves it to this one: every process on the file would be left with the old one. "
+                    "Stop the service first, then run rotate-key."
+                )
+            clients = clients_of(self._resolved)
+            if clients:
+                raise StorageError(
+                    f"cannot change the passphrase of {self._resolved} while {clients} other process"
+                    f"{'es use' if clients > 1 else ' uses'} it through this one: they would be left with the "
+                    "old one. Stop them first, then run rotate-key."
+                )
+            local.rotate_key(*keys)
+            self._secret = Secret(keys[1].encode("utf-8", "surrogatepass"))
+            self._authkey = Secret(derive_authkey(keys[1], self._resolved) if self._serve else b"")
+            restart_serving(self._resolved, local, bytes(self._authkey.value), self._ttl)
+        finally:
+            keys.clear()
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _owned(self) -> LocalFile | None:
+        self.check_process()
+        return self._local
+
+    def _call(self, operation: str, *args: Any, progress: Progress | None = None) -> Any:
+        resent = False
+        while True:
+            local = self._owned()
+            if local is not None:
+                if operation == "append":
+                    # This process's own write needs no marker, unless the owner it sent the
+                    # batch to died first: then the marker tells whether it was written.
+                    session_id, payloads, texts, from_user, expires_at, batch = args
+                    if not resent:
+                        return local.append(session_id, payloads, texts, from_user, expires_at)
+                    return local.append(
+                        session_id, payloads, texts, from_user, expires_at, batch, resent=True
+                    )
+                function: Callable[..., Any] = getattr(local, operation)
+                return function(*args, progress=progress) if progress is not None else function(*args)
+            remote = self._remote
+            try:
+                if remote is None:
+                    raise OwnerGone("not connected")
+                call_args = (*args, resent) if operation == "append" else args
+                return remote.call(operation, call_args, progress)
+            except OwnerGone:
+                if not OPERATIONS[operation]:
+                    raise StorageError(
+                        f"the process that held {self._resolved} (PID {self._owner_pid}) stopped during "
+                        f"{operation}, so whether it was done is unknown. `python -m citadeldb_openai_agents "
+                        "sessions` (or verify) shows what the file holds; run it again if it was not done."
+                    ) from None
+                resent = True
+                with self._lock:
+                    if self._remote is remote:
+                        self._remote = None
+                        if remote is not None:
+                            remote.close()
+                        self._attach(time.monotonic() + HANDOVER_SECONDS)
+
+    def _attach(self, deadline: float) -> None:
+        """Own the file (and serve it), or become a client of the process that does."""
+        locked: DatabaseLockedError | None = None
+        while True:
+            try:
+                local = LocalFile(
+                    self._opening,
+                    self._secret.value.decode("utf-8", "surrogatepass"),
+                    embedder=self._embedder,
+                    options=self._options,
+                    create=self._create,
+                )
+            except DatabaseLockedError as exc:
+                if not self._serve:
+                    raise DatabaseLockedError(
+                        f"{exc} This process has serve = false, so it does not become a client of the "
+                        "process that holds the file: leave serve on (the default) to share the file "
+                        "between processes, or stop that process, then retry.",
+                        holder=exc.holder,
+                    ) from None
+                locked = exc
+            except ForkedStoreError:
+                # A child forked while its parent held the file: the parent serves it, or nobody.
+                if not self._serve or not serves(self._resolved):
+                    raise
+                locked = DatabaseLockedError(f"{self._resolved} is held by the parent of this process.")
+            else:
+                if self._serve:
+                    start_serving(self._resolved, local, bytes(self._authkey.value), self._ttl)
+                else:
+                    mark_exclusive(self._resolved, True)
+                self._local, self._owner_pid = local, None
+                self._opening = self._resolved
+                return
+            if is_exclusive(self._resolved):
+                raise DatabaseLockedError(
+                    f"{locked} It keeps the file to itself (serve = false there), so this process "
+                    "cannot be its client: leave serve on (the default) in every process on the "
+                    "file, or stop that process, then retry.",
+                    holder=locked.holder,
+                )
+            try:
+                self._remote = RemoteOwner(
+                    socket_path(self._resolved), bytes(self._authkey.value), self._hello(), self._resolved
+                )
+            except OwnerGone:
+                if time.monotonic() > deadline:
+                    raise DatabaseLockedError(
+                        f"{locked} It did not serve the file within {HANDOVER_SECONDS:g} s: it is not "
+                        "a store of this package, or it is stuck opening the file. Stop that process, "
+                        "then retry.",
+                        holder=locked.holder,
+                    ) from None
+                time.sleep(0.02)
+                continue
+            self._agree(self._remote)
+            self._owner_pid = self._remote.owner.pid
+            self._opening = self._resolved
+            return
+
+    def _hello(self) -> ClientHello:
+        identity = EmbedderIdentity.of(self._embedder)
+        program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+        return ClientHello(
+            current_pid(), program, self._ttl, (identity.model_id, identity.dim, identity.metric)
+        )
+
+    def _agree(self, remote: RemoteOwner) -> None:
+        """Refuse an owner whose settings fixed per file differ from this process's."""
+        owner, mine = remote.owner, self._hello()
+        problems = []
+        if owner.ttl != mine.ttl:
+            problems.append(f"ttl: this process has {_ttl(mine.ttl)}, the owner has {_ttl(owner.ttl)}")
+        if tuple(owner.identity) != tuple(mine.identity):
+            problems.append(
+                f"embedder: this process has {_identity(mine.identity)}, the owner has {_identity(owner.identity)}"
+            )
+        if problems:
+            remote.close()
+            self._remote = None
+            raise ConfigurationError(
+                [
+                    f"{problem} (the owner is process {owner.pid}, which holds {self._resolved}); "
+                    "every process on one file needs the same value"
+                    for problem in problems
+                ]
+            )
+
+
+def _ttl(ttl: float | None) -> str:
+    return "no ttl (keep forever)" if ttl is None else f"ttl {ttl:g} s"
+
+
+def _identity(identity: tuple[str, int, str]) -> str:
+    model_id, dim, metric = identity
+    return f"{model_id!r} (dim {dim}, {metric})"

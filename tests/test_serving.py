@@ -1,0 +1,327 @@
+"""Many processes, one file: the owner serves it, the others are its clients, and a dying owner hands over.
+
+Each test runs real processes on one machine; sockets are Unix sockets in a directory
+of this user's. The owner is either this test's process or a service process
+(`Service`) that opens the file and then does what the test tells it on stdin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import citadeldb
+import pytest
+
+from citadeldb_openai_agents import (
+    CitadelSession,
+    CitadelSessionStore,
+    ConfigurationError,
+    DatabaseLockedError,
+    InvalidItemError,
+    SessionNotFoundError,
+    StorageError,
+    WrongPassphraseError,
+)
+from citadeldb_openai_agents.serving.address import socket_path
+
+from conftest import KEY
+
+# A service: owns the file (it opens it first), then runs what the test sends, one line each:
+# `add <session> <text>`, `count <session>`, `die-after-next <operation>`, `exit`.
+SERVICE = textwrap.dedent(
+    """
+    import asyncio, json, logging, os, signal, sys
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")
+    from citadeldb_openai_agents import CitadelSessionStore
+    from citadeldb_openai_agents.storage import local
+
+    store = CitadelSessionStore(sys.argv[1], sys.argv[2], argon2_profile="iot", serve=sys.argv[3] == "serve")
+
+    def die_after(name):
+        # The owner commits the call, then dies before it answers: the client cannot know.
+        real = getattr(local.LocalFile, name)
+        def dying(self, *args, **kwargs):
+            result = real(self, *args, **kwargs)
+            os.kill(os.getpid(), signal.SIGKILL)
+            return result
+        setattr(local.LocalFile, name, dying)
+
+    print("ready", os.getpid(), flush=True)
+    for line in sys.stdin:
+        command, _, rest = line.strip().partition(" ")
+        if command == "add":
+            session_id, _, text = rest.partition(" ")
+            asyncio.run(store.session(session_id).add_items([{"role": "user", "content": text}]))
+            print("added", flush=True)
+        elif command == "count":
+            print(len(asyncio.run(store.session(rest).get_items())), flush=True)
+        elif command == "die-after-next":
+            die_after(rest)
+            print("armed", flush=True)
+        elif command == "exit":
+            store.close()
+            print("closed", flush=True)
+            break
+    """
+)
+
+
+class Service:
+    """A process that owns the file and serves it (or not), driven line by line."""
+
+    def __init__(self, path: Path, *, serve: bool = True, key: str = KEY) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CITADEL_")}
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", SERVICE, str(path), key, "serve" if serve else "alone"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        line = self.ask_nothing()
+        assert line.startswith("ready "), line + self.log()
+        self.pid = int(line.split()[1])
+
+    def ask_nothing(self) -> str:
+        assert self.process.stdout is not None
+        return self.process.stdout.readline().strip()
+
+    def ask(self, command: str) -> str:
+        assert self.process.stdin is not None
+        self.process.stdin.write(command + "\n")
+        self.process.stdin.flush()
+        return self.ask_nothing()
+
+    def log(self) -> str:
+        if self.process.poll() is None:
+            return ""
+        assert self.process.stderr is not None
+        return self.process.stderr.read()
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait(timeout=30)
+
+    def stop(self) -> str:
+        if self.process.poll() is None:
+            with contextlib.suppress(BrokenPipeError):
+                self.ask("exit")
+            self.process.wait(timeout=30)
+        assert self.process.stderr is not None
+        return self.process.stderr.read()
+
+
+@pytest.fixture
+def service(db_path: Path) -> Iterator[Service]:
+    running = Service(db_path)
+    yield running
+    if running.process.poll() is None:
+        running.kill()
+
+
+def items(*texts: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": text} for text in texts]
+
+
+# -- a client works as the owner does -------------------------------------------------------
+
+
+async def test_a_second_process_is_a_client_of_the_owner_and_sees_the_same_file(
+    service: Service, db_path: Path, tmp_path: Path
+) -> None:
+    assert service.ask("add alice hello from the owner") == "added"
+    with CitadelSessionStore(db_path, KEY) as client:
+        assert client.served_by == service.pid
+        alice = client.session("alice")
+        assert await alice.get_items() == items("hello from the owner")
+        await alice.add_items(items("hello from the client", "and again"))
+        assert service.ask("count alice") == "3"
+        assert await alice.get_items(limit=2) == items("hello from the client", "and again")
+        assert await alice.search("again", limit=1) == items("and again")
+        assert await alice.pop_item() == items("and again")[0]
+        assert [s.session_id for s in client.sessions()] == ["alice"]
+        assert client.export("alice") == items("hello from the owner", "hello from the client")
+        report = client.verify()
+        assert report.ok and [(s.session_id, s.expected) for s in report.sessions] == [("alice", 2)]
+        written = client.backup(tmp_path / "copy.cdl")
+        assert Path(written[0]).exists()
+        await client.session("bob").add_items(items("to be erased"))
+        erasure = client.erase_session("bob")
+        assert (erasure.items_erased, erasure.readback_confirmed) == (1, True)
+        await alice.clear_session()
+        assert await alice.get_items() == [] and service.ask("count alice") == "0"
+    # A session opened by path alone finds the owner the same way.
+    session = CitadelSession("carol", db_path, KEY)
+    try:
+        await session.add_items(items("by path"))
+        assert service.ask("count carol") == "1"
+    finally:
+        session.close()
+
+
+async def test_the_owners_errors_reach_the_client_unchanged(service: Service, db_path: Path) -> None:
+    with CitadelSessionStore(db_path, KEY) as client:
+        with pytest.raises(SessionNotFoundError, match="no session 'nobody'"):
+            client.export("nobody")
+        with pytest.raises(InvalidItemError, match="item 1 of the batch"):
+            await client.session("s").add_items([{"ok": 1}, {"bad": {1, 2}}])
+        with pytest.raises(StorageError, match="Stop the service first"):
+            client.rotate_key(KEY, "a new passphrase")
+
+
+def test_a_wrong_passphrase_is_refused_by_the_owner(service: Service, db_path: Path) -> None:
+    with pytest.raises(WrongPassphraseError, match="does not accept it") as caught:
+        CitadelSessionStore(db_path, "not the passphrase")
+    assert KEY not in str(caught.value) and "not the passphrase" not in str(caught.value)
+    address = socket_path(str(db_path.resolve()))
+    assert stat.S_IMODE(os.stat(address).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(os.path.dirname(address)).st_mode) == 0o700
+    log = service.stop()
+    assert "refused a peer" in log and "not the passphrase" not in log and KEY not in log
+
+
+def test_settings_fixed_per_file_must_agree_with_the_owners(service: Service, db_path: Path) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        CitadelSessionStore(db_path, KEY, ttl=3600)
+    assert "ttl: this process has ttl 3600 s, the owner has no ttl (keep forever)" in str(caught.value)
+    assert f"process {service.pid}" in str(caught.value)
+    with pytest.raises(ConfigurationError) as caught:
+        CitadelSessionStore(db_path, KEY, embedder=citadeldb.MockEmbedder(dim=64))
+    assert "embedder: this process has 'mock-fnv1a-bow-v1' (dim 64, cosine)" in str(caught.value)
+    assert "(dim 128, cosine)" in str(caught.value)
+
+
+def test_an_owner_that_does_not_serve_refuses_others_at_once(db_path: Path) -> None:
+    alone = Service(db_path, serve=False)
+    try:
+        started = time.monotonic()
+        with pytest.raises(DatabaseLockedError, match="serve = false") as caught:
+            CitadelSessionStore(db_path, KEY)
+        assert time.monotonic() - started < 2.0
+        assert f"PID {alone.pid}" in str(caught.value)
+    finally:
+        alone.stop()
+
+
+# -- the socket ------------------------------------------------------------------------------
+
+
+def test_garbage_on_the_socket_does_not_stop_the_owner(service: Service, db_path: Path) -> None:
+    address = socket_path(str(db_path.resolve()))
+    for garbage in (os.urandom(64), b"\x00\x00\x00\x10truncated", b"\xff\xff\xff\xff"):
+        with socket.socket(socket.AF_UNIX) as peer:
+            peer.connect(address)
+            peer.sendall(garbage)
+    silent = socket.socket(socket.AF_UNIX)
+    silent.connect(address)  # says nothing: dropped after the handshake's timeout
+    try:
+        assert service.ask("add alice still serving") == "added"
+        with CitadelSessionStore(db_path, KEY) as client:
+            assert asyncio.run(client.session("alice").get_items()) == items("still serving")
+    finally:
+        silent.close()
+    log = service.stop()
+    assert log.count("refused a peer") >= 3
+
+
+def test_a_long_database_path_still_serves(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 120) / ("e" * 120)
+    deep.mkdir(parents=True)
+    path = deep / "agent.cdl"
+    owner = Service(path)
+    try:
+        with CitadelSessionStore(path, KEY) as client:
+            assert client.served_by == owner.pid
+    finally:
+        owner.stop()
+
+
+def test_a_stale_socket_left_by_a_killed_owner_is_replaced(db_path: Path) -> None:
+    first = Service(db_path)
+    first.kill()  # SIGKILL: its socket file stays behind
+    address = socket_path(str(db_path.resolve()))
+    assert os.path.exists(address)
+    second = Service(db_path)
+    try:
+        with CitadelSessionStore(db_path, KEY) as client:
+            assert client.served_by == second.pid
+    finally:
+        second.stop()
+    assert not os.path.exists(address), "a clean close removes the socket"
+
+
+# -- handover ---------------------------------------------------------------------------------
+
+
+async def test_when_the_owner_is_killed_a_client_takes_the_file_over(service: Service, db_path: Path) -> None:
+    assert service.ask("add alice before the kill") == "added"
+    with CitadelSessionStore(db_path, KEY) as client:
+        alice = client.session("alice")
+        assert client.served_by == service.pid
+        service.kill()
+        started = time.monotonic()
+        await alice.add_items(items("after the kill"))
+        took = time.monotonic() - started
+        assert client.served_by is None, "this process took the file over"
+        assert await alice.get_items() == items("before the kill", "after the kill")
+        assert took < 5.0, took
+        # And it serves the file now: another process becomes its client.
+        code = textwrap.dedent(
+            """
+            import sys
+            from citadeldb_openai_agents import CitadelSessionStore
+            with CitadelSessionStore(sys.argv[1], sys.argv[2]) as store:
+                print(store.served_by)
+            """
+        )
+        done = subprocess.run([sys.executable, "-c", code, str(db_path), KEY], capture_output=True, text=True)
+        assert done.stdout.strip() == str(os.getpid()), done.stderr
+
+
+@pytest.mark.parametrize("operation", ["append", "pop_if_newest", "clear_through"])
+async def test_a_write_in_flight_when_the_owner_dies_is_applied_once(
+    service: Service, db_path: Path, operation: str
+) -> None:
+    for text in ("one", "two", "three"):
+        assert service.ask(f"add alice {text}") == "added"
+    with CitadelSessionStore(db_path, KEY) as client:
+        alice = client.session("alice")
+        assert service.ask(f"die-after-next {operation}") == "armed"
+        if operation == "append":
+            await alice.add_items(items("four"))
+            expected = items("one", "two", "three", "four")
+        elif operation == "pop_if_newest":
+            assert await alice.pop_item() == items("three")[0]
+            expected = items("one", "two")
+        else:
+            await alice.clear_session()
+            expected = []
+        assert client.served_by is None
+        assert await alice.get_items() == expected
+        assert client.verify().ok
+
+
+def test_the_last_store_to_close_stops_serving(db_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="citadeldb_openai_agents")
+    address = socket_path(str(db_path.resolve()))
+    first = CitadelSessionStore(db_path, KEY, argon2_profile="iot")
+    second = CitadelSessionStore(db_path, KEY)
+    assert os.path.exists(address)
+    first.close()
+    assert os.path.exists(address), "another store of this process still uses the file"
+    second.close()
+    assert not os.path.exists(address)
+    assert any(record.getMessage().startswith("serving ") for record in caplog.records)
