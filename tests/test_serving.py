@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import socket
 import stat
 import subprocess
@@ -325,3 +326,41 @@ def test_the_last_store_to_close_stops_serving(db_path: Path, caplog: pytest.Log
     second.close()
     assert not os.path.exists(address)
     assert any(record.getMessage().startswith("serving ") for record in caplog.records)
+
+
+def test_the_serve_command_owns_the_file_until_sigterm(db_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CITADEL_")}
+    env.update(CITADEL_PATH=str(db_path), CITADEL_KEY=KEY, CITADEL_ARGON2_PROFILE="iot")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "citadeldb_openai_agents", "serve"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        first = server.stdout.readline()
+        assert first.startswith(f"serving {db_path} until SIGTERM (pid {server.pid})"), first
+        with CitadelSessionStore(db_path, KEY) as client:
+            assert client.served_by == server.pid
+            asyncio.run(client.session("alice").add_items(items("through the sidecar")))
+        again = subprocess.run(
+            [sys.executable, "-m", "citadeldb_openai_agents", "serve"],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert again.returncode == 1 and f"process {server.pid} already holds" in again.stderr
+        server.send_signal(signal.SIGTERM)
+        out, err = server.communicate(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    assert server.returncode == 0
+    assert "stopped: the file is closed and no longer served" in out
+    assert "client connected" in err and "client left" in err and KEY not in err
+    assert not os.path.exists(socket_path(str(db_path.resolve())))
+    with CitadelSessionStore(db_path, KEY) as owner:
+        assert owner.served_by is None
+        assert asyncio.run(owner.session("alice").get_items()) == items("through the sidecar")

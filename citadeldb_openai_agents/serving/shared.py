@@ -31,6 +31,7 @@ from ..errors import ConfigurationError, DatabaseLockedError, ForkedStoreError, 
 from ..results import Erasure, IntegrityReport, Progress
 from ..storage.files import resolve_path
 from ..storage.local import LocalFile
+from ..storage.lockholder import shorten_command
 from ..storage.process import current_pid
 from .address import derive_authkey, socket_path
 from .client import OwnerGone, RemoteOwner
@@ -344,7 +345,7 @@ class SharedFile:
 
     def _hello(self) -> ClientHello:
         identity = EmbedderIdentity.of(self._embedder)
-        program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+        program = shorten_command(list(getattr(sys, "orig_argv", sys.argv)) or ["python"])
         return ClientHello(
             current_pid(), program, self._ttl, (identity.model_id, identity.dim, identity.metric)
         )

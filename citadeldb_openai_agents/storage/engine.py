@@ -49,7 +49,8 @@ T = TypeVar("T")
 BeforeMemory = Callable[[citadeldb.Database, str], Any]
 
 FORK_ADVICE = (
-    "Open the store in each process after the fork, not in the parent before it: with "
+    "Leave serve on (the default) in the parent, and the child's store becomes a client of it; or "
+    "open the store in each process after the fork, not in the parent before it: with "
     "gunicorn, run without --preload, or open it in a post_fork hook or on the first "
     "request; with uvicorn, open it in the app's lifespan; with multiprocessing, use the "
     '"spawn" start method. One process owns a Citadel file at a time.'

@@ -51,10 +51,10 @@ def _command(pid: int) -> str | None:
     except OSError:
         return None
     argv = [part.decode(errors="replace") for part in raw.split(b"\0") if part]
-    return _shorten(argv) if argv else None
+    return shorten_command(argv) if argv else None
 
 
-def _shorten(argv: list[str]) -> str:
+def shorten_command(argv: list[str]) -> str:
     """The program and what it runs, never its other arguments.
 
     Another process's arguments can hold secrets (a passphrase, an API token), so
