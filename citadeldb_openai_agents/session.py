@@ -124,8 +124,11 @@ class CitadelSession:
     async def search(self, query: str, *, limit: int = 5) -> list[TResponseInputItem]:
         """This session's items most relevant to `query`, best first.
 
-        Ranked by Citadel's hybrid recall (vector distance, keyword rank, recency)
-        with the store's embedder. Never returns another session's items or
+        Ranked by the distance of each item's vector (the store's embedder) to the
+        query's, with a small bonus for shared words (BM25) and user messages ranked
+        a little lower than the answers they asked for; newest first among ties.
+        The session's search data is read once and kept in memory, so a search costs
+        the same in a file of any size. Never returns another session's items or
         expired ones.
         """
         self._check_open()

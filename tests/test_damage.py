@@ -103,11 +103,12 @@ class Citadel:
             db.close()
             gc.collect()
 
-    def atom_slots(self, region_prefix: str) -> list[tuple[int, int]]:
-        """(atom id, key slot) of the atoms of the regions named so, in id order."""
+    def atom_slots(self, region_prefix: str, kind: str | None = None) -> list[tuple[int, int]]:
+        """(atom id, key slot) of the atoms of the regions named so (of one kind), in id order."""
+        only = f" AND a.kind = '{kind}'" if kind else ""
         rows = self._rows(
             "SELECT a.id, a.key_slot FROM {table} a JOIN memory_regions r ON a.region_id = r.id "
-            f"WHERE r.name LIKE '{region_prefix}%' ORDER BY a.id"
+            f"WHERE r.name LIKE '{region_prefix}%'{only} ORDER BY a.id"
         )
         return [(int(atom), int(slot)) for atom, slot in rows]
 
@@ -146,10 +147,10 @@ def wreck_slot(key_file: Path, slot: int) -> None:
     key_file.write_bytes(bytes(data))
 
 
-def damage_atom(path: Path, region_prefix: str, which: int) -> None:
+def damage_atom(path: Path, region_prefix: str, which: int, kind: str | None = None) -> None:
     citadel = Citadel(path)
     before = citadel.readable()
-    _, slot = citadel.atom_slots(region_prefix)[which]
+    _, slot = citadel.atom_slots(region_prefix, kind)[which]
     wreck_slot(Path(f"{path}.citadel-atomkeys"), slot)
     assert citadel.readable() == before - 1, "the damage must make exactly one atom unreadable to Citadel"
 
@@ -202,7 +203,7 @@ def test_an_unreadable_item_is_reported_at_open_and_nothing_is_changed(
     original, which: int, monkeypatch, capsys
 ) -> None:
     path, backup = original
-    damage_atom(path, Citadel(path).segments_of("bob"), which)
+    damage_atom(path, Citadel(path).segments_of("bob"), which, "item")
     before = files(path.parent)
 
     error = refused(path)
@@ -230,6 +231,33 @@ def test_an_unreadable_item_is_reported_at_open_and_nothing_is_changed(
     )
 
     restore(backup, path)
+    assert read_all(path) == {sid: items(sid, count) for sid, count in SESSIONS.items()}
+
+
+def test_unreadable_search_data_is_rebuilt_from_the_items(original, caplog) -> None:
+    """Search data is derived from the items: its damage loses nothing, so the file opens (with
+    a warning) and the next search embeds the items it covered again, finding them as before."""
+    path, _ = original
+    bob = Citadel(path).segments_of("bob")
+    blocks = Citadel(path).atom_slots(bob, "search")
+    assert len(blocks) == 10, "one search block per add_items call of 4 items"
+    damage_atom(path, bob, 0, "search")  # the block of bob 0..3
+
+    async def use() -> tuple[list[Any], list[str], int]:
+        with caplog.at_level("WARNING", logger="citadeldb_openai_agents"):
+            store = CitadelSessionStore(path, KEY)
+        with store:
+            session = store.session("bob")
+            stored = await session.get_items()
+            hits = [item["content"] for item in await session.search("bob 2", limit=3)]
+            return stored, hits, store.verify().ok
+
+    stored, hits, ok = asyncio.run(use())
+    assert stored == items("bob", 40)
+    assert hits[0] == "bob 2", "an item of the damaged block is found after its rebuild"
+    assert ok
+    assert "1 search data atoms of session 'bob'" in caplog.text and "no item is lost" in caplog.text
+    assert len(Citadel(path).atom_slots(bob, "search")) == 10, "the lost block replaced by one new block"
     assert read_all(path) == {sid: items(sid, count) for sid, count in SESSIONS.items()}
 
 

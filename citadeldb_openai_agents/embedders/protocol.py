@@ -78,9 +78,12 @@ class LegacyEmbedderAdapter:
         return f"LegacyEmbedderAdapter({self._inner!r})"
 
 
-def embed_documents(embedder: Embedder, texts: list[str]) -> list[list[float]]:
-    """The vectors of `texts` as stored items, in one call; an embedder's failure as `EmbedderError`."""
-    return _vectors(embedder, embedder.embed_with_cancel, texts)
+def embed_documents(
+    embedder: Embedder, texts: list[str], outcome: str = "nothing was written"
+) -> list[list[float]]:
+    """The vectors of `texts` as stored items, in one call; an embedder's failure as `EmbedderError`
+    (whose message says `outcome`: what became of the call)."""
+    return _vectors(embedder, embedder.embed_with_cancel, texts, outcome)
 
 
 def embed_query(embedder: Embedder, text: str) -> list[float]:
@@ -89,13 +92,17 @@ def embed_query(embedder: Embedder, text: str) -> list[float]:
     return _vectors(embedder, embed, [text])[0]
 
 
-def _vectors(embedder: Embedder, embed: Any, texts: list[str]) -> list[list[float]]:
+def _vectors(
+    embedder: Embedder, embed: Any, texts: list[str], outcome: str = "nothing was written"
+) -> list[list[float]]:
     try:
         vectors = embed(texts, None)
     except Exception as exc:
-        raise embedder_failed(embedder.model_id, f"{type(exc).__name__}: {exc}") from exc
+        raise embedder_failed(embedder.model_id, f"{type(exc).__name__}: {exc}", outcome) from exc
     if len(vectors) != len(texts):
-        raise embedder_failed(embedder.model_id, f"it returned {len(vectors)} vectors for {len(texts)} texts")
+        raise embedder_failed(
+            embedder.model_id, f"it returned {len(vectors)} vectors for {len(texts)} texts", outcome
+        )
     # Citadel takes lists of Python floats; numpy arrays (what most models return) convert in C.
     vectors = [vector.tolist() if hasattr(vector, "tolist") else list(vector) for vector in vectors]
     for vector in vectors:
@@ -104,9 +111,10 @@ def _vectors(embedder: Embedder, embed: Any, texts: list[str]) -> list[list[floa
             raise embedder_failed(
                 embedder.model_id,
                 f"it returned a vector of {len(vector)} dimensions, but declares dim {embedder.dim}",
+                outcome,
             )
         if not all(map(math.isfinite, vector)):
-            raise embedder_failed(embedder.model_id, "it returned a vector holding NaN or infinity")
+            raise embedder_failed(embedder.model_id, "it returned a vector holding NaN or infinity", outcome)
     return vectors
 
 

@@ -16,6 +16,8 @@ from ..errors import InvalidItemError
 ITEM_KIND = "item"
 # A write marker: the id of a batch another process sent, stored with the batch (writes.py).
 BATCH_KIND = "batch"
+# Search data: a block of the embeddings and word hashes of items (search_blocks.py).
+SEARCH_KIND = "search"
 
 
 def encode_item(item: Any, position: int) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import logging
 import os
 import queue
 import shutil
@@ -42,6 +43,8 @@ from .codec import ITEM_KIND
 from .files import AUDIT_SUFFIX, COMPANION_SUFFIXES
 from .process import current_pid
 from .translate import companions_missing, translate_open_error, translate_storage_error
+
+_log = logging.getLogger("citadeldb_openai_agents")
 
 T = TypeVar("T")
 
@@ -100,6 +103,8 @@ class OpenDatabase:
         self.audit: Any = None
         # The session layout shared by every store on this file (set by the first store).
         self.layout: Any = None
+        # Work that must reach the file before it closes (search data waiting for a block).
+        self.before_close: Callable[[Any], None] | None = None
         self.setup_lock = threading.Lock()
         self._calls: queue.SimpleQueue[tuple[Callable[[Any], Any], Future[Any]] | None] = queue.SimpleQueue()
         self._closed = False
@@ -206,9 +211,9 @@ class OpenDatabase:
         except citadeldb.CitadelError as exc:
             raise translate_storage_error(exc, self.path) from exc
 
-    def region_rows(self, names: list[str]) -> dict[str, dict[int, int | None]]:
-        """The item rows the file's pages hold for these regions (atom id -> expiry in µs, or None)."""
-        return self.on_owner_thread(lambda db: inventory.region_rows(db, names, ITEM_KIND))
+    def region_rows(self, names: list[str], kind: str = ITEM_KIND) -> dict[str, dict[int, int | None]]:
+        """The rows of `kind` the file's pages hold for these regions (atom id -> expiry in µs, or None)."""
+        return self.on_owner_thread(lambda db: inventory.region_rows(db, names, kind))
 
     @contextmanager
     def operation(self) -> Iterator[citadeldb.memory.Memory]:
@@ -273,6 +278,16 @@ class OpenDatabase:
 
     def close(self) -> None:
         """Close the file once the operations under way have finished; free its lock."""
+        finish, self.before_close = self.before_close, None
+        if finish is not None and not self._closed:
+            try:
+                with self.operation() as memory:
+                    finish(memory)
+            except Exception:
+                # Nothing is lost: what was not stored is rebuilt from the items when needed.
+                _log.warning(
+                    "could not finish pending work on %s before closing it", self.path, exc_info=True
+                )
         with self._idle:
             self._closed = True
             while self._in_flight:

@@ -11,14 +11,12 @@ from citadeldb.memory import AtomHit, Memory
 
 from ..embedders.protocol import embed_query
 from ..results import Progress
-from .codec import ITEM_KIND, decode_item, is_user_message
+from . import search_upkeep
+from .codec import ITEM_KIND
 from .records import segment_name
+from .search_blocks import word_hashes
+from .search_index import rank
 from .segments import SessionLayout, SessionState, now_micros
-
-# Search ranks by vector distance with a user message's distance weighed up by this:
-# a question resembles a query more than its answer does (benchmarks/search_quality).
-_USER_DISTANCE_FACTOR = 1.3
-_CANDIDATES_PER_LIMIT = 3  # per segment: candidates for `limit` results, re-ranked across segments
 
 
 def newest(layout: SessionLayout, memory: Memory, state: SessionState, limit: int) -> list[str]:
@@ -117,28 +115,35 @@ def has_live_item(layout: SessionLayout, memory: Memory, state: SessionState) ->
 
 
 def search(layout: SessionLayout, memory: Memory, state: SessionState, query: str, limit: int) -> list[str]:
-    """The session's live items ranked by Citadel's hybrid recall, best first.
+    """The session's live items best matching `query`, best first (search_index.rank).
 
-    Each segment proposes candidates with Citadel's hybrid recall; they are merged
-    by vector distance, because Citadel's relevance is normalised per region and
-    does not compare across segments.
+    Ranked over the search data of every segment, held in memory once read
+    (search_upkeep.py): only the items returned are read from the file, so the
+    cost does not depend on what else the file holds.
     """
-    if not state.segments:
+    if not state.segments or limit <= 0:
         return []
-    # Embed the query once, not once per segment: a real model costs ~10 ms a call.
     vector = embed_query(layout.embedder, query)
-    hits: list[AtomHit] = []
-    for number in state.segments:
-        region = layout.region(memory, state, number)
-        hits.extend(
-            memory.recall(
-                region, text=query, embedding=vector, k=limit * _CANDIDATES_PER_LIMIT, kinds=[ITEM_KIND]
-            )
-        )
-
-    def distance(hit: AtomHit) -> float:
-        base = hit.distance if hit.distance is not None else 2.0
-        return base * _USER_DISTANCE_FACTOR if is_user_message(decode_item(hit.payload)) else base
-
-    hits.sort(key=lambda hit: (distance(hit), -hit.id))
-    return [hit.payload for hit in hits[:limit]]
+    indexes = {number: search_upkeep.loaded(layout, memory, state, number) for number in state.segments}
+    segment_of = {atom: number for number, index in indexes.items() for atom in index.ids}
+    ranked = rank(list(indexes.values()), vector, word_hashes(query), layout.identity.metric, now_micros())
+    found: list[str] = []
+    while ranked and len(found) < limit:
+        chosen, ranked = ranked[: limit - len(found)], ranked[limit - len(found) :]
+        by_segment: dict[int, list[int]] = {}
+        for atom in chosen:
+            by_segment.setdefault(segment_of[atom], []).append(atom)
+        payloads: dict[int, str] = {}
+        for number, atoms in by_segment.items():
+            hits = memory.fetch_by_ids(layout.region(memory, state, number), atoms)
+            unread = [atom for atom, hit in zip(atoms, hits, strict=True) if hit is None]
+            if unread:
+                # Expired (or erased) since the ranking is fine; stored and unreadable is damage.
+                name = segment_name(state.hid, number)
+                rows, now = layout.rows([name])[name], now_micros()
+                lost = [a for a in unread if a in rows and (rows[a] is None or rows[a] > now)]  # type: ignore[operator]
+                if lost:
+                    raise layout.damaged(state, len(lost), len(atoms))
+            payloads.update({hit.id: str(hit.payload) for hit in hits if hit is not None})
+        found.extend(payloads[atom] for atom in chosen if atom in payloads)
+    return found

@@ -9,14 +9,20 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from itertools import groupby
 from typing import Any
 
+import numpy as np
 from citadeldb.memory import Memory
 
-from ..embedders.protocol import Embedder, EmbedderIdentity
-from .codec import ITEM_KIND, decode_item, in_context, is_user_message, search_text
+from ..embedders.protocol import Embedder, EmbedderIdentity, embed_documents
+from .codec import ITEM_KIND, SEARCH_KIND, decode_item, in_context, is_user_message, search_text
 from .records import CATALOG_REGION, META_KIND, META_REGION, parse_segment, segment_name
+from .search_blocks import Entries, block_atom, derive
 from .segments import ALL, regions
+
+_REBUILT_BLOCK = 256  # items per search block written by a re-embedding
+_STOPPED = "the call stopped there (a re-embedding finishes when run again)"
 
 
 def reembed_file(
@@ -46,17 +52,26 @@ def reembed_file(
             region = segment_name(hid, number)
             # Reading the items needs the region attached, to the model it was written with.
             memory.create_encrypted_region(region, _StoredModel(stored[region]))
-            contexts: dict[str, deque[str]] = {}
-            for hit in memory.fetch(region, ITEM_KIND, limit=ALL):
+            hits = memory.fetch(region, ITEM_KIND, limit=ALL)
+            contexts, texts, users = [], [], []
+            for hit in hits:
                 item = decode_item(hit.payload)
                 user = is_user_message(item)
-                own = search_text(
-                    item
-                )  # not hit.text: files written before 2026-11-30 hold question+own there
+                own = search_text(item)  # not hit.text: older files hold question+own there
                 if user:
                     question = own
-                contexts.setdefault(hit.text, deque()).append(in_context(question, own, user))
-            items += memory.reembed_region(region, _InContext(embedder, contexts)).atoms_migrated
+                contexts.append(in_context(question, own, user))
+                texts.append(own)
+                users.append(user)
+            vectors = embed_documents(embedder, contexts, _STOPPED) if hits else []
+            by_text: dict[str, deque[list[float]]] = {}
+            for hit, vector in zip(hits, vectors, strict=True):
+                by_text.setdefault(hit.text, deque()).append(vector)
+            memory.reembed_region(region, _Precomputed(embedder, by_text))
+            _rebuild_search_data(
+                memory, region, embedder, hits, derive(vectors, texts, users, embedder.metric)
+            )
+            items += len(hits)
             done += 1
             if progress is not None:
                 progress(done, total)
@@ -82,19 +97,45 @@ class _StoredModel:
         raise RuntimeError(f"{self.model_id!r} is not loaded; this region is being re-embedded")
 
 
-class _InContext:
-    """`embedder` as `reembed_region` should call it: each stored text embedded in context.
+def _rebuild_search_data(
+    memory: Memory, region: str, embedder: Embedder, hits: list[Any], entries: Entries
+) -> None:
+    """Write the segment's search blocks from the new vectors, then forget the old ones.
 
-    Citadel re-embeds a region from its atoms' stored texts, in id order; `contexts`
-    maps each live item's stored text to the texts its vectors come from, in id
-    order too. A text it does not know (an expired item) is embedded as it is.
+    New before old: an interruption leaves both (a rerun replaces them again), never
+    items without search data. Blocks of `_REBUILT_BLOCK` items, each item's expiry kept.
+    """
+    old = [hit.id for hit in memory.fetch(region, SEARCH_KIND, limit=ALL)]
+    atoms = []
+    if hits:
+        entries = entries.with_ids([hit.id for hit in hits])
+        for start in range(0, len(hits), _REBUILT_BLOCK):
+            rows = range(start, min(start + _REBUILT_BLOCK, len(hits)))
+            for expires_at, run in groupby(rows, key=lambda row: hits[row].expires_at):
+                mask = np.zeros(len(hits), dtype=np.bool_)
+                mask[list(run)] = True
+                atoms.append(block_atom(entries.select(mask), embedder.dim, expires_at, own=False))
+    if atoms:
+        memory.remember_batch(region, atoms)
+    if old:
+        memory.forget(region, old)
+
+
+class _Precomputed:
+    """`embedder` as `reembed_region` should call it: each item's vector, computed in context.
+
+    Citadel re-embeds a region from its atoms' stored texts, in id order; `vectors`
+    maps each live item's stored text to its vectors, in id order too. A text it
+    does not know (an expired item, a search block, a write marker) is embedded as it is.
     """
 
-    def __init__(self, embedder: Embedder, contexts: dict[str, deque[str]]) -> None:
+    def __init__(self, embedder: Embedder, vectors: dict[str, deque[list[float]]]) -> None:
         self.dim, self.metric, self.model_id = embedder.dim, embedder.metric, embedder.model_id
         self._embedder = embedder
-        self._contexts = contexts
+        self._vectors = vectors
 
     def embed_with_cancel(self, texts: list[str], cancel_token: Any = None) -> list[list[float]]:
-        in_context = [queue.popleft() if (queue := self._contexts.get(t)) else t for t in texts]
-        return self._embedder.embed_with_cancel(in_context, cancel_token)
+        known = [queue.popleft() if (queue := self._vectors.get(t)) else None for t in texts]
+        unknown = [t for t, vector in zip(texts, known, strict=True) if vector is None]
+        fresh = iter(self._embedder.embed_with_cancel(unknown, cancel_token) if unknown else [])
+        return [vector if vector is not None else next(fresh) for vector in known]

@@ -35,9 +35,8 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import citadeldb
 from citadeldb.memory import AtomHit, Memory
@@ -57,14 +56,21 @@ from .records import (
     segment_name,
     session_hid,
 )
+from .search_index import SearchCache, SegmentIndex
 
 SEGMENT_CAPACITY = 256
 ALL = 2**63 - 1  # fetch's default limit is 100; "everything" must be asked for.
 
 logger = logging.getLogger("citadeldb_openai_agents")
 
-# The rows the file's pages hold for some regions: atom id -> expiry (µs) or None.
-RowReader = Callable[[list[str]], dict[str, dict[int, int | None]]]
+
+class RowReader(Protocol):
+    """Reads the rows of a kind (items by default) the file's pages hold for some regions.
+
+    Returns region -> atom id -> expiry (µs) or None.
+    """
+
+    def __call__(self, names: list[str], kind: str = ...) -> dict[str, dict[int, int | None]]: ...
 
 
 def now_micros() -> int:
@@ -88,6 +94,8 @@ class SessionState:
     # The text of the session's latest user message, when known: a reply's vector is
     # computed with the question it answers (see `append`).
     last_question: str | None = None
+    # Search data in memory, by segment number (search_index.py).
+    search: dict[int, SegmentIndex] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
@@ -115,6 +123,7 @@ class SessionLayout:
         self._states: dict[str, SessionState] = {}  # by hid
         self._by_id: dict[str, SessionState] = {}
         self._states_lock = threading.Lock()
+        self.search_cache = SearchCache()
         self._attach(memory, META_REGION)
         self._attach(memory, CATALOG_REGION)
         self._salt, layout_format = self._load_meta(memory)
@@ -161,6 +170,15 @@ class SessionLayout:
         return bytes.fromhex(meta["salt"]), int(meta.get("format", 1))
 
     def _load_index(self, memory: Memory, verdict: AuditVerdict) -> None:
+        for count in verdict.sessions:
+            if count.search_data:
+                logger.warning(
+                    "%d search data atoms of session %r in %s could not be read (damaged keys); "
+                    "no item is lost: they are rebuilt from the items on the next search",
+                    count.search_data,
+                    count.session_id,
+                    self.path,
+                )
         for hit in memory.fetch(CATALOG_REGION, CATALOG_KIND, limit=ALL):
             record = CatalogRecord.from_payload(hit.payload)
             state = self._new_state(record.session_id)
@@ -277,6 +295,8 @@ class SessionLayout:
         memory.drop_region(name)
         self._attached.discard(name)
         state.segments.remove(number)
+        state.search.pop(number, None)  # its search data went with the region
+        self.search_cache.forget((state.hid, number))
         if not state.segments or number > state.segments[-1]:
             state.tail_ids = None
             state.tail_stored = 0

@@ -12,10 +12,12 @@ from citadeldb.memory import Memory
 
 from ..embedders.protocol import embed_documents
 from ..results import Erasure
-from .codec import BATCH_KIND, ITEM_KIND, decode_item, in_context, is_user_message, search_text
+from . import search_upkeep
+from .codec import BATCH_KIND, ITEM_KIND, SEARCH_KIND, decode_item, in_context, is_user_message, search_text
 from .reads import newest, newest_hit, newest_in
-from .records import CATALOG_REGION
-from .segments import SEGMENT_CAPACITY, SessionLayout, SessionState
+from .records import CATALOG_REGION, segment_name
+from .search_blocks import block_atom, derive
+from .segments import ALL, SEGMENT_CAPACITY, SessionLayout, SessionState, now_micros
 
 _QUESTION_LOOKBACK = 32  # items searched back for the latest user message after a restart
 
@@ -50,6 +52,7 @@ def append(
             question = text
         contextual.append(in_context(question, text, user))
     vectors = embed_documents(layout.embedder, contextual)
+    entries = derive(vectors, texts, from_user, layout.identity.metric)
     if expires_at is not None:
         erase_expired_head(layout, memory, state)
     atoms: list[dict[str, object]] = [
@@ -59,16 +62,30 @@ def append(
     if expires_at is not None:
         for atom in atoms:
             atom["expires_at"] = expires_at
+    # The batch's search data, in the same commit: it is written, and erased, with the items.
+    atoms.append(block_atom(entries, layout.identity.dim, expires_at, own=True))
     if batch is not None:
         # Citadel wants a vector for every atom; a marker is never searched (kind filter).
         vector = [1.0] + [0.0] * (layout.identity.dim - 1)
         atoms.append({"kind": BATCH_KIND, "text": "batch", "embedding": vector, "payload": {"batch": batch}})
     if not state.segments or layout.tail_stored(memory, state) >= SEGMENT_CAPACITY:
+        for number in [n for n, index in state.search.items() if index.pending]:
+            search_upkeep.store_pending(layout, memory, state, number)
         region = layout.open_segment(memory, state)
     else:
         region = layout.region(memory, state, state.segments[-1])
+    number = state.segments[-1]
+    # Entries a pop left without a block go in the same commit, instead of one of their own.
+    pending, pending_atoms = search_upkeep.pending_atoms(layout, state, number)
     # A failed batch writes nothing; an empty listed segment is a valid tail.
-    ids = memory.remember_batch(region, atoms)[: len(payloads)]  # ids in list order: the items'
+    written = memory.remember_batch(region, atoms + pending_atoms)
+    ids, block = written[: len(payloads)], written[len(payloads)]
+    if ids != list(range(block - len(ids), block)):
+        # The block names its items by position (the ids just before it); these are not.
+        payload = block_atom(entries.with_ids(ids), layout.identity.dim, None, own=False)["payload"]
+        memory.update_atom_payload(region, block, payload)
+    flushed = list(zip(pending, written[len(atoms) :], strict=True))
+    search_upkeep.appended(layout, state, number, entries.with_ids(ids), block, expires_at, flushed)
     if state.tail_ids is not None:
         state.tail_ids.extend(ids)
     state.tail_stored += len(ids)
@@ -113,8 +130,11 @@ def pop(layout: SessionLayout, memory: Memory, state: SessionState) -> str | Non
             # The segment's last live item: dropping the segment erases its key too.
             layout.drop_segment(memory, state, number)
             return str(hit.payload)
+        # Its search data goes in the same forget (the block's other entries wait in memory).
+        blocks = search_upkeep.take_out(layout, memory, state, number, [hit.id])
+        record.erasing = [hit.id, *blocks]
         layout.write_record(memory, state)
-        receipt = memory.forget(layout.region(memory, state, number), [hit.id])
+        receipt = memory.forget(layout.region(memory, state, number), [hit.id, *blocks])
         if receipt.rows_deleted == 0:
             state.tail_ids = None
             continue
@@ -160,10 +180,12 @@ def clear_through(layout: SessionLayout, memory: Memory, state: SessionState, th
         if not any(hit.id > through for hit in newest_in(layout, memory, state, number, 1)):
             layout.drop_segment(memory, state, number)  # all of it is older
             continue
+        blocks = search_upkeep.take_out(layout, memory, state, number, ids)
         record = layout.record(state)
-        record.erasing = ids  # announced: a crash mid-erasure is not damage
+        record.erasing = ids + blocks  # announced: a crash mid-erasure is not damage
         layout.write_record(memory, state)
-        memory.forget(layout.region(memory, state, number), ids)
+        memory.forget(layout.region(memory, state, number), ids + blocks)
+        search_upkeep.store_pending(layout, memory, state, number)
         if number == state.segments[-1]:
             state.tail_ids = None
         break
@@ -214,11 +236,17 @@ def erase(layout: SessionLayout, memory: Memory, state: SessionState) -> Erasure
     erased = {
         number: [hit.id for hit in layout.live_hits(memory, state, number)] for number in state.segments
     }
+    # The items' search data is read back too: no derived copy may survive them.
+    derived = {
+        number: [hit.id for hit in memory.fetch(layout.region(memory, state, number), SEARCH_KIND, limit=ALL)]
+        for number in state.segments
+    }
     algorithm = clear(layout, memory, state) or "AES-256-KW(RFC3394)"
     confirmed = True
     for number, ids in erased.items():
         region = layout.region(memory, state, number)
-        verdicts = memory.verify(region, ids) if ids else []
+        atoms = ids + derived[number]
+        verdicts = memory.verify(region, atoms) if atoms else []
         confirmed = confirmed and all(v.verdict == "missing" for v in verdicts)
         memory.drop_region(region)
         layout.detach(region)
@@ -242,19 +270,26 @@ def erase_expired_head(layout: SessionLayout, memory: Memory, state: SessionStat
         layout.drop_segment(memory, state, number)
     if erased:
         state.tail_ids = None
+        search_upkeep.expired(state, now_micros())
 
 
 def purge_expired(layout: SessionLayout, memory: Memory, state: SessionState) -> int:
-    """Erase every expired atom of the session; drop segments left empty."""
+    """Erase every expired atom of the session; drop segments left empty. Returns the items erased."""
     state.last_question = None  # it may be what goes
-    erased = 0
+    # Counted from the pages: Citadel's count includes the search data erased with the items.
+    names = [segment_name(state.hid, number) for number in state.segments]
+    before = sum(len(rows) for rows in layout.rows(names).values()) if names else 0
+    evicted = 0
     for number in list(state.segments):
         region = layout.region(memory, state, number)
-        erased += memory.evict(region, citadeldb.EvictionPolicy.expired())
+        evicted += memory.evict(region, citadeldb.EvictionPolicy.expired())
         if not layout.has_live(memory, state, number):
             layout.drop_segment(memory, state, number)
-    if erased:
+    names = [segment_name(state.hid, number) for number in state.segments]
+    erased = before - (sum(len(rows) for rows in layout.rows(names).values()) if names else 0)
+    if evicted:
         state.tail_ids = None
+        search_upkeep.expired(state, now_micros())
     if not state.segments and state.catalog_id is not None:
         memory.forget(CATALOG_REGION, [state.catalog_id])
         state.catalog_id = None

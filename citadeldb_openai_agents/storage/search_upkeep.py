@@ -1,0 +1,256 @@
+"""Keeping search data in step with the items: loading, checking, repairing and storing it.
+
+A segment's index (search_index.py) is loaded from its block atoms the first time
+the segment is searched, and checked against the rows the file's pages hold:
+
+* a block whose row exists but which Citadel cannot read is damage (the search
+  would silently miss items): `CorruptDatabaseError`;
+* an entry whose item is gone (a crash between erasing an item and re-storing
+  its block's other entries, or a write by a version without search data) is
+  erased: its block is forgotten and the block's live entries stored anew;
+* a live item without an entry (the same crash, or a file written before search
+  data existed) is embedded again from its stored text, and stored.
+
+So a crash anywhere costs at most some re-embedding, never a wrong result, and
+no derived copy outlives its item. Entries left without a block by a pop wait in
+memory for the session's next write (one commit instead of two per pop), or for
+the file's close.
+"""
+
+from __future__ import annotations
+
+import logging
+from itertools import groupby
+
+import numpy as np
+from citadeldb.memory import Memory
+
+from ..embedders.protocol import embed_documents
+from ..errors import CorruptDatabaseError
+from .codec import ITEM_KIND, SEARCH_KIND, decode_item, in_context, is_user_message, search_text
+from .records import segment_name
+from .search_blocks import Entries, block_atom, derive, read_block
+from .search_index import Chunk, SegmentIndex
+from .segments import ALL, SessionLayout, SessionState, now_micros
+
+logger = logging.getLogger("citadeldb_openai_agents")
+_QUESTION_LOOKBACK = 32
+
+
+def loaded(layout: SessionLayout, memory: Memory, state: SessionState, number: int) -> SegmentIndex:
+    """The segment's complete index: kept in memory, or read from its blocks (checked, repaired)."""
+    index = state.search.get(number)
+    if index is None or not index.complete:
+        index = _load(layout, memory, state, number, index)
+        state.search[number] = index
+    layout.search_cache.note((state.hid, number), index.nbytes, lambda: _drop_idle(state, number, index))
+    return index
+
+
+def _drop_idle(state: SessionState, number: int, index: SegmentIndex) -> bool:
+    """Let a cached index go, unless its session is busy or it holds entries not yet stored."""
+    if index.pending or not state.lock.acquire(blocking=False):
+        return False
+    try:
+        if state.search.get(number) is index:
+            del state.search[number]
+        return True
+    finally:
+        state.lock.release()
+
+
+def _load(
+    layout: SessionLayout, memory: Memory, state: SessionState, number: int, pending: SegmentIndex | None
+) -> SegmentIndex:
+    region = layout.region(memory, state, number)
+    name = segment_name(state.hid, number)
+    hits = memory.fetch(region, SEARCH_KIND, limit=ALL)
+    items = layout.rows([name])[name]
+    blocks = layout.rows([name], SEARCH_KIND)[name]
+    unread = {atom for atom, expires in blocks.items() if _alive(expires)} - {hit.id for hit in hits}
+    if unread:
+        raise CorruptDatabaseError(
+            f"{layout.path} is damaged: {len(unread)} search data atoms of session {state.session_id!r} "
+            "cannot be read (their keys in the .citadel-atomkeys file are damaged or missing), so a "
+            "search could miss items. Run `python -m citadeldb_openai_agents verify`, and restore the "
+            "file and its companion files together from a backup."
+        )
+    index = SegmentIndex(layout.identity.dim, complete=True)
+    seen: set[int] = set()
+    stale: list[int] = []
+    for chunk in pending.chunks if pending is not None else []:
+        index.add(chunk.entries, 0, chunk.expires_at)
+        seen.update(int(atom) for atom in chunk.entries.ids)
+    for hit in hits:
+        try:
+            entries = read_block(hit.id, hit.payload, layout.identity.dim)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptDatabaseError(
+                f"{layout.path}: search data atom {hit.id} of session {state.session_id!r} cannot be "
+                f"decoded ({exc}). Run `python -m citadeldb_openai_agents reembed` to rebuild search data."
+            ) from None
+        fresh = np.asarray([int(atom) not in seen for atom in entries.ids], dtype=np.bool_)
+        gone = np.asarray([int(atom) not in items for atom in entries.ids], dtype=np.bool_)
+        if gone.any():
+            stale.append(hit.id)  # holds an erased item's entry: it goes, its live entries stay
+            index.add(entries.select(fresh & ~gone), 0, hit.expires_at)
+        else:
+            index.add(entries.select(fresh), hit.id, hit.expires_at)
+        seen.update(int(atom) for atom in entries.ids)
+    if stale:
+        memory.forget(region, stale)
+        logger.info("erased %d search data atoms of erased items in %s", len(stale), layout.path)
+    missing = sorted(atom for atom, expires in items.items() if atom not in seen and _alive(expires))
+    if missing:
+        _repair(layout, memory, state, number, index, set(missing))
+    store_pending(layout, memory, state, number, index)
+    return index
+
+
+def _alive(expires: int | None) -> bool:
+    return expires is None or expires > now_micros()
+
+
+def _repair(
+    layout: SessionLayout,
+    memory: Memory,
+    state: SessionState,
+    number: int,
+    index: SegmentIndex,
+    ids: set[int],
+) -> None:
+    """Embed these items again from their stored text, as `append` did (with their question)."""
+    hits = layout.live_hits(memory, state, number)
+    question = _question_before(layout, memory, state, number)
+    chosen, texts, contexts, users, expiry = [], [], [], [], []
+    for hit in hits:
+        item = decode_item(hit.payload)
+        user = is_user_message(item)
+        text = search_text(item)
+        if hit.id in ids:
+            chosen.append(hit.id)
+            texts.append(text)
+            contexts.append(in_context(question, text, user))
+            users.append(user)
+            expiry.append(hit.expires_at)
+        if user:
+            question = text
+    if len(chosen) < len(ids):
+        layout.check_complete(state, {number: [hit.id for hit in hits]})
+    if not chosen:
+        return
+    logger.info("re-embedding %d items without search data in %s", len(chosen), layout.path)
+    entries = derive(embed_documents(layout.embedder, contexts), texts, users, layout.identity.metric)
+    entries = entries.with_ids(chosen)
+    for expires_at, rows in groupby(range(len(chosen)), key=lambda row: expiry[row]):
+        mask = np.zeros(len(chosen), dtype=np.bool_)
+        mask[list(rows)] = True
+        index.add(entries.select(mask), 0, expires_at)
+
+
+def _question_before(layout: SessionLayout, memory: Memory, state: SessionState, number: int) -> str:
+    earlier = [n for n in state.segments if n < number]
+    if not earlier:
+        return ""
+    region = layout.region(memory, state, earlier[-1])
+    for hit in reversed(memory.fetch(region, ITEM_KIND, limit=_QUESTION_LOOKBACK, newest=True)):
+        item = decode_item(hit.payload)
+        if is_user_message(item):
+            return search_text(item)
+    return ""
+
+
+def pending_atoms(
+    layout: SessionLayout, state: SessionState, number: int
+) -> tuple[list[Chunk], list[dict[str, object]]]:
+    """The segment's entries waiting for a block, and the block atoms that would store them."""
+    index = state.search.get(number)
+    chunks = index.pending if index is not None else []
+    atoms = [block_atom(c.entries, layout.identity.dim, c.expires_at, own=False) for c in chunks]
+    return chunks, atoms
+
+
+def store_pending(
+    layout: SessionLayout, memory: Memory, state: SessionState, number: int, index: SegmentIndex | None = None
+) -> None:
+    """Store the segment's entries that wait for a block, in one commit."""
+    chunks, atoms = pending_atoms(layout, state, number)
+    if atoms:
+        ids = memory.remember_batch(layout.region(memory, state, number), atoms)
+        for chunk, atom in zip(chunks, ids, strict=True):
+            chunk.block = atom
+
+
+def store_all_pending(layout: SessionLayout, memory: Memory) -> None:
+    """Before the file closes: every session's entries that wait for a block."""
+    for state in layout.states():
+        with state.lock:
+            for number in [n for n, index in state.search.items() if index.pending]:
+                if number in state.segments:
+                    store_pending(layout, memory, state, number)
+
+
+def take_out(
+    layout: SessionLayout, memory: Memory, state: SessionState, number: int, ids: list[int]
+) -> list[int]:
+    """Before erasing these items of a segment: the block atoms holding their entries, to be
+    forgotten with them. The blocks' other entries wait in memory for a new block."""
+    index = state.search.get(number)
+    if index is None:
+        fast = _own_block(layout, memory, state, number, ids)
+        if fast is not None:
+            return fast
+        index = loaded(layout, memory, state, number)
+    return index.take_out(set(ids))
+
+
+def _own_block(
+    layout: SessionLayout, memory: Memory, state: SessionState, number: int, ids: list[int]
+) -> list[int] | None:
+    """Without the index: the block written with the newest item's batch sits right after it."""
+    if len(ids) != 1:
+        return None
+    region = layout.region(memory, state, number)
+    hit = memory.fetch_one(region, ids[0] + 1)
+    if hit is None or hit.kind != SEARCH_KIND:
+        return None
+    try:
+        entries = read_block(hit.id, hit.payload, layout.identity.dim)
+    except (ValueError, KeyError, TypeError):
+        return None
+    if ids[0] not in {int(atom) for atom in entries.ids}:
+        return None
+    rest = SegmentIndex(layout.identity.dim, complete=False)
+    rest.add(entries.select(entries.ids != ids[0]), 0, hit.expires_at)
+    state.search[number] = rest
+    return [hit.id]
+
+
+def appended(
+    layout: SessionLayout,
+    state: SessionState,
+    number: int,
+    entries: Entries,
+    block: int,
+    expires_at: int | None,
+    flushed: list[tuple[Chunk, int]],
+) -> None:
+    """A batch and its block were stored (with `flushed`: pending chunks and their new blocks)."""
+    for chunk, atom in flushed:
+        chunk.block = atom
+    index = state.search.get(number)
+    if index is not None and index.complete:
+        index.add(entries, block, expires_at)
+        layout.search_cache.note((state.hid, number), index.nbytes, lambda: _drop_idle(state, number, index))
+
+
+def forget_segment(layout: SessionLayout, state: SessionState, number: int) -> None:
+    """The segment was dropped: its index goes with it."""
+    state.search.pop(number, None)
+    layout.search_cache.forget((state.hid, number))
+
+
+def expired(state: SessionState, now: int) -> None:
+    """Expired items were evicted (their blocks with them): drop their entries from memory."""
+    for index in state.search.values():
+        index.drop_expired(now)

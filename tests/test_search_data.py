@@ -1,0 +1,288 @@
+"""Search data: one copy per live item, erased with it, rebuilt when lost, read only for its session.
+
+Search ranks a session's items from its search blocks (storage/search_blocks.py), so
+these tests read the blocks the file holds with citadeldb itself, after the store has
+closed: every live item has exactly one entry, no entry outlives its item, and the
+block that held an erased item's entry is gone from Citadel ("missing"), not hidden.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import citadeldb
+import pytest
+
+from citadeldb_openai_agents import CitadelSessionStore, reembed
+from citadeldb_openai_agents.storage import reads
+from citadeldb_openai_agents.storage.search_blocks import read_block
+
+from conftest import KEY
+from stub_embedders import StubEmbedder
+
+MOCK_DIM = 128  # citadeldb's mock embedder, the store's default
+
+
+def turn(session_id: str, n: int) -> dict[str, Any]:
+    return {"role": "user" if n % 2 == 0 else "assistant", "content": f"{session_id} fact number {n}"}
+
+
+def write(store: CitadelSessionStore, session_id: str, count: int, batch: int = 4) -> None:
+    for start in range(0, count, batch):
+        asyncio.run(
+            store.session(session_id).add_items([turn(session_id, n) for n in range(start, start + batch)])
+        )
+
+
+class FileContents:
+    """A closed file read with citadeldb: each session segment's items and search entries."""
+
+    def __init__(self, path: Path, prefix: str, dim: int = MOCK_DIM) -> None:
+        db = citadeldb.connect(str(path), key=KEY, region_keys=True)
+        try:
+            maintenance = db.memory_maintenance()
+            names = [e.region.name for e in maintenance.inventory() if e.region.name.startswith(prefix)]
+            self.items: dict[int, str] = {}
+            self.entries: list[int] = []  # item ids, once per entry found in a block
+            self.blocks: dict[int, str] = {}  # block id -> its region
+            for name in names:
+                for hit in maintenance.fetch(name, None, limit=2**62):
+                    if hit.kind == "item":
+                        self.items[hit.id] = name
+                    elif hit.kind == "search":
+                        self.blocks[hit.id] = name
+                        self.entries.extend(int(i) for i in read_block(hit.id, hit.payload, dim).ids)
+        finally:
+            db.close()
+            gc.collect()
+
+    def assert_one_entry_per_live_item(self) -> None:
+        assert sorted(self.entries) == sorted(self.items), "each live item once, and no entry of a gone item"
+
+    @staticmethod
+    def verdicts(path: Path, atoms: dict[int, str]) -> set[str]:
+        db = citadeldb.connect(str(path), key=KEY, region_keys=True)
+        try:
+            maintenance = db.memory_maintenance()
+            regions = {entry.region.name for entry in maintenance.inventory()}
+            found = set()
+            for atom, name in atoms.items():
+                if name not in regions:
+                    found.add("region dropped")  # its key is destroyed: nothing of it can be read
+                else:
+                    found.update(v.verdict for v in maintenance.verify(name, [atom]))
+            return found
+        finally:
+            db.close()
+            gc.collect()
+
+
+def indexed(store: CitadelSessionStore, session_id: str) -> set[int]:
+    """The item ids the store's in-memory search index holds for the session (its scan)."""
+    state = store._file._local._layout.state(session_id)
+    return {atom for index in state.search.values() for atom in index.ids}
+
+
+def prefix_of(store: CitadelSessionStore, session_id: str) -> str:
+    return f"coa.s.{store._file._local._layout.hid(session_id)}."
+
+
+def block_holding(contents: FileContents, path: Path, item: int, dim: int = MOCK_DIM) -> dict[int, str]:
+    db = citadeldb.connect(str(path), key=KEY, region_keys=True)
+    try:
+        maintenance = db.memory_maintenance()
+        for block, name in contents.blocks.items():
+            hit = maintenance.fetch_by_ids(name, [block])[0]
+            if item in read_block(block, hit.payload, dim).ids:
+                return {block: name}
+    finally:
+        db.close()
+        gc.collect()
+    raise AssertionError(f"no block holds item {item}")
+
+
+def test_a_pop_erases_the_block_of_its_item_and_the_rest_stay_searchable(tmp_path: Path) -> None:
+    path = tmp_path / "agent.cdl"
+    with CitadelSessionStore(path, KEY, argon2_profile="iot") as store:
+        write(store, "s", 12)
+        prefix = prefix_of(store, "s")
+    before = FileContents(path, prefix)
+    before.assert_one_entry_per_live_item()
+    newest = max(before.items)
+    held_by = block_holding(before, path, newest)
+    with CitadelSessionStore(path, KEY) as store:
+        session = store.session("s")
+        assert asyncio.run(session.search("s fact number 11", limit=1)) == [turn("s", 11)]
+        assert newest in indexed(store, "s")
+        assert asyncio.run(session.pop_item()) == turn("s", 11)
+        assert newest not in indexed(store, "s") and len(indexed(store, "s")) == 11
+        assert turn("s", 11) not in asyncio.run(session.search("s fact number 11", limit=12))
+        # The popped item's block went with it; its three other entries wait for the next write.
+        assert asyncio.run(session.search("s fact number 9", limit=1)) == [turn("s", 9)]
+    after = FileContents(path, prefix)
+    after.assert_one_entry_per_live_item()
+    assert newest not in after.items
+    assert FileContents.verdicts(path, held_by) == {"missing"}, "the block is erased, not hidden"
+
+
+def test_clearing_through_an_item_erases_its_search_data(tmp_path: Path) -> None:
+    """What a client's clear sends to the owner: items up to an id go, later ones stay."""
+    path = tmp_path / "agent.cdl"
+    with CitadelSessionStore(path, KEY, argon2_profile="iot") as store:
+        write(store, "s", 12)
+        prefix = prefix_of(store, "s")
+    before = FileContents(path, prefix)
+    through = sorted(before.items)[5]  # items 0..5 go, in the middle of the second block
+    blocks = {**block_holding(before, path, sorted(before.items)[0]), **block_holding(before, path, through)}
+    with CitadelSessionStore(path, KEY) as store:
+        asyncio.run(store.session("s").search("s fact number 1"))
+        store._file._local.clear_through("s", through)
+        assert indexed(store, "s") == set(sorted(before.items)[6:])
+        assert asyncio.run(store.session("s").get_items()) == [turn("s", n) for n in range(6, 12)]
+        assert asyncio.run(store.session("s").search("s fact number 7", limit=1)) == [turn("s", 7)]
+    after = FileContents(path, prefix)
+    after.assert_one_entry_per_live_item()
+    assert len(after.items) == 6
+    assert FileContents.verdicts(path, blocks) == {"missing"}
+
+
+def test_erase_reads_back_the_search_data_too(tmp_path: Path) -> None:
+    path = tmp_path / "agent.cdl"
+    with CitadelSessionStore(path, KEY, argon2_profile="iot") as store:
+        write(store, "s", 12)
+        write(store, "other", 4)
+        prefix = prefix_of(store, "s")
+    blocks = FileContents(path, prefix).blocks
+    assert len(blocks) == 3
+    with CitadelSessionStore(path, KEY) as store:
+        asyncio.run(store.session("s").search("s fact number 3"))
+        assert len(indexed(store, "s")) == 12
+        receipt = store.erase_session("s")
+        assert indexed(store, "s") == set()
+        assert receipt.readback_confirmed and receipt.items_erased == 12
+    assert FileContents(path, prefix).blocks == {}
+    assert FileContents.verdicts(path, blocks) == {"region dropped"}
+
+
+def test_expired_items_take_their_search_data_with_them(tmp_path: Path) -> None:
+    path = tmp_path / "agent.cdl"
+    with CitadelSessionStore(path, KEY, argon2_profile="iot", ttl=0.5) as store:
+        write(store, "s", 8)
+        prefix = prefix_of(store, "s")
+    blocks = FileContents(path, prefix).blocks
+    time.sleep(0.7)
+    with CitadelSessionStore(path, KEY, ttl=0.5) as store:
+        assert asyncio.run(store.session("s").search("s fact number 3")) == []
+        assert store.purge_expired() == 8, "items counted, not items and their blocks"
+        assert indexed(store, "s") == set()
+    assert FileContents(path, prefix).blocks == {}
+    assert FileContents.verdicts(path, blocks) <= {"missing", "region dropped"}
+
+
+def test_search_data_a_crash_left_behind_is_rebuilt(tmp_path: Path) -> None:
+    """Killed after a pop, before the popped block's other entries were stored again: the
+    next search embeds those items anew, and finds them."""
+    path = tmp_path / "agent.cdl"
+    with CitadelSessionStore(path, KEY, argon2_profile="iot") as store:
+        write(store, "s", 12)
+        prefix = prefix_of(store, "s")
+    program = (
+        "import asyncio, os, sys\n"
+        "from citadeldb_openai_agents import CitadelSessionStore\n"
+        "store = CitadelSessionStore(sys.argv[1], sys.argv[2])\n"
+        "asyncio.run(store.session('s').pop_item())\n"
+        "os._exit(0)\n"  # no close: the entries waiting in memory are lost with the process
+    )
+    subprocess.run([sys.executable, "-c", program, str(path), KEY], check=True, env={**os.environ})
+    lost = FileContents(path, prefix)
+    assert len(lost.entries) == 8 and len(lost.items) == 11, "the crash left 3 items without search data"
+    with CitadelSessionStore(path, KEY) as store:
+        assert asyncio.run(store.session("s").search("s fact number 9", limit=1)) == [turn("s", 9)]
+    FileContents(path, prefix).assert_one_entry_per_live_item()
+
+
+def test_reembed_rebuilds_the_search_data_with_the_new_model(tmp_path: Path) -> None:
+    path = tmp_path / "agent.cdl"
+    with CitadelSessionStore(path, KEY, argon2_profile="iot") as store:
+        write(store, "s", 300, batch=3)
+        prefix = prefix_of(store, "s")
+    old = FileContents(path, prefix).blocks
+    assert len(old) == 100
+    embedder = StubEmbedder(dim=16)
+    assert reembed(path, KEY, embedder).items == 300
+    rebuilt = FileContents(path, prefix, dim=16)
+    rebuilt.assert_one_entry_per_live_item()
+    # Segments of 258 and 42 items (batches of 3 until 256), blocks of up to 256 items.
+    assert len(rebuilt.blocks) == 3
+    assert FileContents.verdicts(path, old) == {"missing"}
+    with CitadelSessionStore(path, KEY, embedder=embedder) as store:
+        assert asyncio.run(store.session("s").search("s fact number 200", limit=1)) == [turn("s", 200)]
+
+
+def test_a_search_reads_only_its_session_and_then_only_the_hits(tmp_path: Path, monkeypatch) -> None:
+    """Cost independent of the file: the first search reads this session's segments, later ones
+    read nothing but the items they return."""
+    path = tmp_path / "agent.cdl"
+    calls: list[tuple[str, Any]] = []
+
+    class Recorder:
+        def __init__(self, memory: Any) -> None:
+            self._memory = memory
+
+        def __getattr__(self, name: str) -> Any:
+            method = getattr(self._memory, name)
+
+            def recorded(*args: Any, **kwargs: Any) -> Any:
+                calls.append((name, args))
+                return method(*args, **kwargs)
+
+            return recorded
+
+    real = reads.search
+    monkeypatch.setattr(reads, "search", lambda layout, memory, *rest: real(layout, Recorder(memory), *rest))
+    with CitadelSessionStore(path, KEY, argon2_profile="iot") as store:
+        for n in range(40):
+            write(store, f"other-{n}", 40, batch=20)
+        write(store, "s", 600, batch=6)
+        prefix = prefix_of(store, "s")
+        session = store.session("s")
+        found = asyncio.run(session.search("s fact number 17", limit=5))
+        assert len(found) == 5 and all(item["content"].startswith("s fact") for item in found)
+        touched = {args[0] for name, args in calls if name in {"fetch", "fetch_by_ids", "recall"}}
+        assert touched and all(region.startswith(prefix) for region in touched)
+        calls.clear()
+        assert len(asyncio.run(session.search("s fact number 401", limit=5))) == 5
+        reads_made = [(name, args) for name, args in calls if name in {"fetch", "fetch_by_ids", "recall"}]
+        assert [name for name, _ in reads_made] == ["fetch_by_ids"] * len(reads_made)
+        assert sum(len(args[1]) for _, args in reads_made) == 5, "only the five items returned"
+
+
+@pytest.mark.parametrize("limit", [1, 7])
+def test_search_through_a_client_matches_the_owner(tmp_path: Path, limit: int) -> None:
+    path = tmp_path / "agent.cdl"
+    with CitadelSessionStore(path, KEY, argon2_profile="iot") as owner:
+        write(owner, "s", 40)
+        expected = asyncio.run(owner.session("s").search("s fact number 23", limit=limit))
+        program = (
+            "import asyncio, json, sys\n"
+            "from citadeldb_openai_agents import CitadelSessionStore\n"
+            "with CitadelSessionStore(sys.argv[1], sys.argv[2]) as store:\n"
+            "    assert store.served_by is not None\n"
+            "    found = asyncio.run(store.session('s').search('s fact number 23', limit=int(sys.argv[3])))\n"
+            "    print(json.dumps(found))\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", program, str(path), KEY, str(limit)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    assert json.loads(done.stdout) == expected and expected[0] == turn("s", 23)
