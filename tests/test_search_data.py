@@ -174,17 +174,21 @@ def test_erase_reads_back_the_search_data_too(tmp_path: Path) -> None:
 
 def test_expired_items_take_their_search_data_with_them(tmp_path: Path) -> None:
     path = tmp_path / "agent.cdl"
-    with CitadelSessionStore(path, KEY, argon2_profile="iot", ttl=0.5) as store:
-        write(store, "s", 8)
+    with CitadelSessionStore(path, KEY, argon2_profile="iot", ttl=1.5) as store:
+        write(store, "s", 4)
+        time.sleep(0.8)
+        session = store.session("s")
+        asyncio.run(session.add_items([turn("s", n) for n in range(4, 8)]))
         prefix = prefix_of(store, "s")
-    blocks = FileContents(path, prefix).blocks
-    time.sleep(0.7)
-    with CitadelSessionStore(path, KEY, ttl=0.5) as store:
-        assert asyncio.run(store.session("s").search("s fact number 3")) == []
-        assert store.purge_expired() == 8, "items counted, not items and their blocks"
-        assert indexed(store, "s") == set()
-    assert FileContents(path, prefix).blocks == {}
-    assert FileContents.verdicts(path, blocks) <= {"missing", "region dropped"}
+        assert asyncio.run(session.search("s fact number 3", limit=8))
+        assert len(indexed(store, "s")) == 8  # held in memory, read before expiry
+        time.sleep(0.9)  # the first four have expired, the last four not
+        assert turn("s", 3) not in asyncio.run(session.search("s fact number 3", limit=8))
+        assert store.purge_expired() == 4, "items counted, not items and their blocks"
+        assert len(indexed(store, "s")) == 4, "expired entries leave the in-memory index too"
+    left = FileContents(path, prefix)
+    left.assert_one_entry_per_live_item()
+    assert len(left.items) == 4 and len(left.blocks) == 1
 
 
 def test_search_data_a_crash_left_behind_is_rebuilt(tmp_path: Path) -> None:
