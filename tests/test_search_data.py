@@ -235,7 +235,7 @@ def test_a_search_reads_only_its_session_and_then_only_the_hits(tmp_path: Path, 
     """Cost independent of the file: the first search reads this session's segments, later ones
     read nothing but the items they return."""
     path = tmp_path / "agent.cdl"
-    calls: list[tuple[str, Any]] = []
+    calls: list[tuple[str, Any, Any]] = []
 
     class Recorder:
         def __init__(self, memory: Any) -> None:
@@ -245,7 +245,7 @@ def test_a_search_reads_only_its_session_and_then_only_the_hits(tmp_path: Path, 
             method = getattr(self._memory, name)
 
             def recorded(*args: Any, **kwargs: Any) -> Any:
-                calls.append((name, args))
+                calls.append((name, args, kwargs))
                 return method(*args, **kwargs)
 
             return recorded
@@ -260,13 +260,15 @@ def test_a_search_reads_only_its_session_and_then_only_the_hits(tmp_path: Path, 
         session = store.session("s")
         found = asyncio.run(session.search("s fact number 17", limit=5))
         assert len(found) == 5 and all(item["content"].startswith("s fact") for item in found)
-        touched = {args[0] for name, args in calls if name in {"fetch", "fetch_by_ids", "recall"}}
+        touched = {args[0] for name, args, _ in calls if name in {"fetch", "fetch_by_ids", "recall"}}
         assert touched and all(region.startswith(prefix) for region in touched)
         calls.clear()
         assert len(asyncio.run(session.search("s fact number 401", limit=5))) == 5
-        reads_made = [(name, args) for name, args in calls if name in {"fetch", "fetch_by_ids", "recall"}]
-        assert [name for name, _ in reads_made] == ["fetch_by_ids"] * len(reads_made)
-        assert sum(len(args[1]) for _, args in reads_made) == 5, "only the five items returned"
+        reads_made = [
+            (name, kwargs) for name, _, kwargs in calls if name in {"fetch", "fetch_by_ids", "recall"}
+        ]
+        assert len(reads_made) == 5, "only the five items returned, each read alone"
+        assert all(name == "fetch" and kwargs["limit"] == 1 for name, kwargs in reads_made)
 
 
 @pytest.mark.parametrize("limit", [1, 7])

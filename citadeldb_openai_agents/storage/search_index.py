@@ -65,7 +65,7 @@ class SegmentIndex:
 
     @property
     def ids(self) -> set[int]:
-        return {int(atom) for chunk in self.chunks for atom in chunk.entries.ids}
+        return {int(atom) for atom in self.view()[0].ids}
 
     @property
     def pending(self) -> list[Chunk]:
@@ -73,7 +73,7 @@ class SegmentIndex:
 
     @property
     def nbytes(self) -> int:
-        return sum(chunk.entries.nbytes for chunk in self.chunks)
+        return self.view()[0].nbytes
 
     def take_out(self, ids: set[int]) -> list[int]:
         """Remove these items' entries; return the blocks that held them.
@@ -120,23 +120,27 @@ class SegmentIndex:
 
 def rank(
     indexes: list[SegmentIndex], query: list[float], words: list[int], metric: str, now: int
-) -> list[int]:
-    """The ids of the live entries of `indexes`, best match first."""
+) -> tuple[IntArray, IntArray]:
+    """The ids of the live entries of `indexes`, best match first, and the position in
+    `indexes` of each one's segment."""
     views = [index.view() for index in indexes]
     live = [expiry > now for _, expiry, _ in views]
     vector = np.asarray(query, dtype=np.float32)
     distances = [_distances(entries, vector, metric) for entries, _, _ in views]
     keyword = _keyword_scores(views, live, sorted(set(words)))
-    ids, keys = [], []
-    for (entries, _, _), alive, distance, bonus in zip(views, live, distances, keyword, strict=True):
+    ids, keys, where = [], [], []
+    for position, ((entries, _, _), alive, distance, bonus) in enumerate(
+        zip(views, live, distances, keyword, strict=True)
+    ):
         key = np.where(entries.user, distance * USER_DISTANCE_FACTOR, distance) - bonus
         ids.append(entries.ids[alive])
         keys.append(key[alive])
+        where.append(np.full(int(alive.sum()), position, np.int64))
     if not ids:
-        return []
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
     all_ids, all_keys = np.concatenate(ids), np.concatenate(keys)
     order = np.lexsort((-all_ids, all_keys))  # by key, then newest first
-    return [int(atom) for atom in all_ids[order]]
+    return all_ids[order], np.concatenate(where)[order]
 
 
 def _distances(
