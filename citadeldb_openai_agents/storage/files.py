@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ..results import Progress
 
 # Citadel keeps these beside the database file; without any of them the data cannot be
 # decrypted, so they are backed up, restored and moved together.
@@ -23,3 +28,35 @@ def database_files(path: str) -> list[str]:
 def database_size(path: str) -> int:
     """Bytes of the file and its companions."""
     return sum(os.path.getsize(name) for name in database_files(path) if os.path.isfile(name))
+
+
+_PAGE_SIZE = 8192  # citadeldb 2.7's page (measured: a copy is 8 KiB x high_water_mark, plus a header)
+
+
+@contextmanager
+def copy_watched(
+    source: str, target: str, progress: Progress | None, used_pages: int | None
+) -> Iterator[None]:
+    """Report a copy's progress by its size, polled from another thread: Citadel's backup is one call."""
+    if progress is None:
+        yield
+        return
+    callback = progress
+    total = database_size(source)
+    if used_pages is not None:
+        # The copy holds the used pages only, and the companions as they are.
+        total += used_pages * _PAGE_SIZE - os.path.getsize(source)
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.2):
+            callback(min(database_size(target), total), total)
+
+    watcher = threading.Thread(target=watch, name="citadel-backup-progress", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+    callback(total, total)

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,10 +32,10 @@ from ..results import Erasure, IntegrityReport, Progress, ReembedSummary, Sessio
 from . import reads, registry, writes
 from .audit import ATOM_KEYS, audit, check_before_memory, inventory_of
 from .engine import OpenDatabase, audit_chain, backup_with_audit, database_options, rotate
-from .files import database_files, database_size, resolve_path
+from .files import copy_watched, database_files, resolve_path
 from .reembed import reembed_file
 from .search_upkeep import store_all_pending
-from .segments import SessionLayout, SessionState
+from .segments import SessionLayout, SessionState, now_micros
 
 T = TypeVar("T")
 _log = logging.getLogger("citadeldb_openai_agents")
@@ -160,7 +158,22 @@ class LocalFile:
         return sorted(found)
 
     def purge_expired(self, progress: Progress | None = None) -> int:
-        return sum(erased for _, erased in self._each(writes.purge_expired, progress))
+        """Erase every expired atom; return the items erased (not their search data or markers).
+
+        Counted from the pages, read once before and once after (each read scans the file's
+        atom tables): the item rows that were there and are gone, and had expired.
+        """
+        names = [name for state in self._layout.states() for name in self._layout.segment_regions(state)]
+        before = self._layout.rows(names) if names else {}
+        self._each(writes.purge_expired, progress)
+        after = self._layout.rows(names) if names else {}
+        now = now_micros()
+        return sum(
+            1
+            for name, rows in before.items()
+            for atom, expires in rows.items()
+            if expires is not None and expires <= now and atom not in after[name]
+        )
 
     def verify(self, progress: Progress | None = None) -> IntegrityReport:
         """Citadel's page check, the audit log's chain, and per session what the pages hold against what reads back."""
@@ -189,7 +202,7 @@ class LocalFile:
                 f"refusing to overwrite {', '.join(existing)}: choose a new destination "
                 "(a backup never replaces files)."
             )
-        with self._database.exclusive(), _copy_watched(self.path, str(target), progress, self._used_pages()):
+        with self._database.exclusive(), copy_watched(self.path, str(target), progress, self._used_pages()):
             # Exclusive: the audit log must describe the data it goes with.
             self._database.on_owner_thread(lambda db: backup_with_audit(db, self.path, str(target)))
         return [p for p in database_files(str(target)) if os.path.exists(p)]
@@ -231,38 +244,6 @@ class LocalFile:
             if progress is not None:
                 progress(number, len(states))
         return done
-
-
-_PAGE_SIZE = 8192  # citadeldb 2.7's page (measured: a copy is 8 KiB x high_water_mark, plus a header)
-
-
-@contextmanager
-def _copy_watched(
-    source: str, target: str, progress: Progress | None, used_pages: int | None
-) -> Iterator[None]:
-    """Report a copy's progress by its size, polled from another thread: Citadel's backup is one call."""
-    if progress is None:
-        yield
-        return
-    callback = progress
-    total = database_size(source)
-    if used_pages is not None:
-        # The copy holds the used pages only, and the companions as they are.
-        total += used_pages * _PAGE_SIZE - os.path.getsize(source)
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.wait(0.2):
-            callback(min(database_size(target), total), total)
-
-    watcher = threading.Thread(target=watch, name="citadel-backup-progress", daemon=True)
-    watcher.start()
-    try:
-        yield
-    finally:
-        done.set()
-        watcher.join()
-    callback(total, total)
 
 
 def _append_once(

@@ -1,15 +1,16 @@
 """Keeping search data in step with the items: loading, checking, repairing and storing it.
 
 A segment's index (search_index.py) is loaded from its block atoms the first time
-the segment is searched, and checked against the rows the file's pages hold:
+the segment is searched, and checked against the segment's items, counted in its
+region (Citadel's `count`, which costs the same in a file of any size):
 
-* a block whose row exists but which Citadel cannot read is damage (the search
-  would silently miss items): `CorruptDatabaseError`;
-* an entry whose item is gone (a crash between erasing an item and re-storing
-  its block's other entries, or a write by a version without search data) is
-  erased: its block is forgotten and the block's live entries stored anew;
-* a live item without an entry (the same crash, or a file written before search
-  data existed) is embedded again from its stored text, and stored.
+* as many live items as entries: the index is complete (the common case);
+* otherwise the items' ids are read (and checked against the pages): an entry
+  whose item is gone (a crash between erasing an item and re-storing its block's
+  other entries) is erased, its block forgotten and its live entries stored anew;
+  a live item without an entry (the same crash, a file written before search
+  data existed, a block whose key was damaged and dropped at open) is embedded
+  again from its stored text, and stored.
 
 So a crash anywhere costs at most some re-embedding, never a wrong result, and
 no derived copy outlives its item. Entries left without a block by a pop wait in
@@ -28,10 +29,9 @@ from citadeldb.memory import Memory
 from ..embedders.protocol import embed_documents
 from ..errors import CorruptDatabaseError
 from .codec import ITEM_KIND, SEARCH_KIND, decode_item, in_context, is_user_message, search_text
-from .records import segment_name
 from .search_blocks import Entries, block_atom, derive, read_block
 from .search_index import Chunk, SegmentIndex
-from .segments import ALL, SessionLayout, SessionState, now_micros
+from .segments import ALL, SessionLayout, SessionState
 
 logger = logging.getLogger("citadeldb_openai_agents")
 _QUESTION_LOOKBACK = 32
@@ -63,34 +63,34 @@ def _load(
     layout: SessionLayout, memory: Memory, state: SessionState, number: int, pending: SegmentIndex | None
 ) -> SegmentIndex:
     region = layout.region(memory, state, number)
-    name = segment_name(state.hid, number)
-    hits = memory.fetch(region, SEARCH_KIND, limit=ALL)
-    items = layout.rows([name])[name]
-    blocks = layout.rows([name], SEARCH_KIND)[name]
-    unread = {atom for atom, expires in blocks.items() if _alive(expires)} - {hit.id for hit in hits}
-    if unread:
-        raise CorruptDatabaseError(
-            f"{layout.path} is damaged: {len(unread)} search data atoms of session {state.session_id!r} "
-            "cannot be read (their keys in the .citadel-atomkeys file are damaged or missing), so a "
-            "search could miss items. Run `python -m citadeldb_openai_agents verify`, and restore the "
-            "file and its companion files together from a backup."
-        )
-    index = SegmentIndex(layout.identity.dim, complete=True)
-    seen: set[int] = set()
-    stale: list[int] = []
-    for chunk in pending.chunks if pending is not None else []:
-        index.add(chunk.entries, 0, chunk.expires_at)
-        seen.update(int(atom) for atom in chunk.entries.ids)
-    for hit in hits:
+    blocks = []
+    for hit in memory.fetch(region, SEARCH_KIND, limit=ALL):
         try:
-            entries = read_block(hit.id, hit.payload, layout.identity.dim)
+            blocks.append((hit, read_block(hit.id, hit.payload, layout.identity.dim)))
         except (ValueError, KeyError, TypeError) as exc:
             raise CorruptDatabaseError(
                 f"{layout.path}: search data atom {hit.id} of session {state.session_id!r} cannot be "
                 f"decoded ({exc}). Run `python -m citadeldb_openai_agents reembed` to rebuild search data."
             ) from None
+    waiting = pending.chunks if pending is not None else []
+    covered = {int(atom) for chunk in waiting for atom in chunk.entries.ids}
+    covered.update(int(atom) for _, entries in blocks for atom in entries.ids)
+    # The common case, read from this region alone: as many live items as entries. Only
+    # otherwise (a crash, an older file, a lost block) are the item ids read to tell which.
+    live = (
+        None if memory.count(region, ITEM_KIND) == len(covered) else _live_ids(layout, memory, state, number)
+    )
+    index = SegmentIndex(layout.identity.dim, complete=True)
+    seen: set[int] = set()
+    stale: list[int] = []
+    for chunk in waiting:
+        index.add(chunk.entries, 0, chunk.expires_at)
+        seen.update(int(atom) for atom in chunk.entries.ids)
+    for hit, entries in blocks:
         fresh = np.asarray([int(atom) not in seen for atom in entries.ids], dtype=np.bool_)
-        gone = np.asarray([int(atom) not in items for atom in entries.ids], dtype=np.bool_)
+        gone = np.asarray(
+            [live is not None and int(atom) not in live for atom in entries.ids], dtype=np.bool_
+        )
         if gone.any():
             stale.append(hit.id)  # holds an erased item's entry: it goes, its live entries stay
             index.add(entries.select(fresh & ~gone), 0, hit.expires_at)
@@ -100,15 +100,18 @@ def _load(
     if stale:
         memory.forget(region, stale)
         logger.info("erased %d search data atoms of erased items in %s", len(stale), layout.path)
-    missing = sorted(atom for atom, expires in items.items() if atom not in seen and _alive(expires))
+    missing = sorted(live - seen) if live is not None else []
     if missing:
         _repair(layout, memory, state, number, index, set(missing))
     store_pending(layout, memory, state, number, index)
     return index
 
 
-def _alive(expires: int | None) -> bool:
-    return expires is None or expires > now_micros()
+def _live_ids(layout: SessionLayout, memory: Memory, state: SessionState, number: int) -> set[int]:
+    """The segment's live items, checked against the pages (a short read is damage)."""
+    ids = [hit.id for hit in layout.live_hits(memory, state, number)]
+    layout.check_complete(state, {number: ids})
+    return set(ids)
 
 
 def _repair(

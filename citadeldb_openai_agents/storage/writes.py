@@ -15,7 +15,7 @@ from ..results import Erasure
 from . import search_upkeep
 from .codec import BATCH_KIND, ITEM_KIND, SEARCH_KIND, decode_item, in_context, is_user_message, search_text
 from .reads import newest, newest_hit, newest_in
-from .records import CATALOG_REGION, segment_name
+from .records import CATALOG_REGION
 from .search_blocks import block_atom, derive
 from .segments import ALL, SEGMENT_CAPACITY, SessionLayout, SessionState, now_micros
 
@@ -273,20 +273,16 @@ def erase_expired_head(layout: SessionLayout, memory: Memory, state: SessionStat
         search_upkeep.expired(state, now_micros())
 
 
-def purge_expired(layout: SessionLayout, memory: Memory, state: SessionState) -> int:
-    """Erase every expired atom of the session; drop segments left empty. Returns the items erased."""
+def purge_expired(layout: SessionLayout, memory: Memory, state: SessionState) -> None:
+    """Erase every expired atom of the session (items, their search data, write markers);
+    drop segments left empty. `LocalFile.purge_expired` counts the items."""
     state.last_question = None  # it may be what goes
-    # Counted from the pages: Citadel's count includes the search data erased with the items.
-    names = [segment_name(state.hid, number) for number in state.segments]
-    before = sum(len(rows) for rows in layout.rows(names).values()) if names else 0
     evicted = 0
     for number in list(state.segments):
         region = layout.region(memory, state, number)
         evicted += memory.evict(region, citadeldb.EvictionPolicy.expired())
         if not layout.has_live(memory, state, number):
             layout.drop_segment(memory, state, number)
-    names = [segment_name(state.hid, number) for number in state.segments]
-    erased = before - (sum(len(rows) for rows in layout.rows(names).values()) if names else 0)
     if evicted:
         state.tail_ids = None
         search_upkeep.expired(state, now_micros())
@@ -294,4 +290,3 @@ def purge_expired(layout: SessionLayout, memory: Memory, state: SessionState) ->
         memory.forget(CATALOG_REGION, [state.catalog_id])
         state.catalog_id = None
         state.record = None
-    return erased
