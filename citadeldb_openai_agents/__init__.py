@@ -18,14 +18,26 @@ from .errors import (
     EmbedderError,
     EmbedderMismatchError,
     EmptyPassphraseError,
+    ExportExistsError,
     ForkedStoreError,
+    ImportSourceError,
     InvalidItemError,
     SessionClosedError,
+    SessionNotEmptyError,
     SessionNotFoundError,
     StorageError,
     WrongPassphraseError,
 )
-from .results import Erasure, IntegrityReport, LockHolder, ReembedSummary, SessionIntegrity, SessionSummary
+from .results import (
+    Erasure,
+    HistoryHit,
+    ImportSummary,
+    IntegrityReport,
+    LockHolder,
+    ReembedSummary,
+    SessionIntegrity,
+    SessionSummary,
+)
 from .store import CitadelSessionStore, reembed, verify_file
 
 __all__ = [
@@ -45,7 +57,11 @@ __all__ = [
     "EmbedderMismatchError",
     "EmptyPassphraseError",
     "Erasure",
+    "ExportExistsError",
     "ForkedStoreError",
+    "HistoryHit",
+    "ImportSourceError",
+    "ImportSummary",
     "IntegrityReport",
     "InvalidItemError",
     "LegacyEmbedderAdapter",
@@ -54,6 +70,7 @@ __all__ = [
     "SentenceTransformerEmbedder",
     "SessionClosedError",
     "SessionIntegrity",
+    "SessionNotEmptyError",
     "SessionNotFoundError",
     "SessionSummary",
     "StorageError",

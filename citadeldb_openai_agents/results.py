@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 # A long operation's progress: called with (done, total) as it goes.
 Progress = Callable[[int, int], None]
@@ -98,3 +99,30 @@ class ReembedSummary:
     regions: int
     items: int
     model_id: str
+
+
+@dataclass(frozen=True)
+class ImportSummary:
+    """What `CitadelSessionStore.import_items` did for one session.
+
+    `already_held` items of this import were in the session before the call (a run that
+    was interrupted, or one that completed): they were not written again.
+    """
+
+    session_id: str
+    items: int
+    written: int
+    already_held: int = 0
+    replaced: bool = False
+
+
+@dataclass(frozen=True)
+class HistoryHit:
+    """A search hit with where it stands in its session: `positions` count from 1, the oldest item.
+
+    An item stored more than once, identical, lists every position it holds.
+    """
+
+    positions: list[int]
+    item: Any
+    text: str

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 from .embedders.protocol import EmbedderIdentity
 from .embedders.providers import resolve_embedder
 from .errors import SessionClosedError, SessionNotFoundError
+from .migration.plan import IMPORT_MODES, ImportMode, import_chunks
 from .options import Argon2Profile, SyncMode, check_passphrase, check_ttl
-from .results import Erasure, IntegrityReport, Progress, ReembedSummary, SessionSummary
+from .results import Erasure, HistoryHit, IntegrityReport, Progress, ReembedSummary, SessionSummary
 from .serving.shared import SharedFile
 from .storage import local
 from .storage.codec import decode_item, decode_items, encode_item, is_user_message, search_text
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     # Imported for annotations only: the operator CLI never needs the Agents SDK loaded.
     from agents.memory import SessionSettings
 
+    from .results import ImportSummary
     from .session import CitadelSession
 
 
@@ -224,6 +226,29 @@ class CitadelSessionStore:
             raise self._not_found(session_id)
         return items
 
+    def import_items(
+        self,
+        session_id: str,
+        items: Iterable[Any],
+        *,
+        mode: ImportMode = "new",
+        progress: Progress | None = None,
+    ) -> ImportSummary:
+        """Import items into a session, verbatim and in order; a rerun resumes, never duplicates.
+
+        Written in atomic chunks of 256 items whose ids derive from this import (migration/plan.py).
+        `mode`: "new" refuses a session that holds other items than this import's, "append" adds
+        after them, "replace" erases them first. `progress(items done, items)` after each chunk.
+
+        Raises:
+            SessionNotEmptyError: mode "new" and the session holds other items; nothing was written.
+            InvalidItemError: an item is not JSON (its position is named); nothing was written.
+        """
+        self._check_open()
+        if mode not in IMPORT_MODES:
+            raise ValueError(f"mode must be one of {', '.join(IMPORT_MODES)}, not {mode!r}")
+        return import_chunks(self._file, session_id, *_encoded(list(items)), mode, self._expires_at, progress)
+
     def rotate_key(self, current_key: str, new_key: str) -> None:
         """Change the file's passphrase; every session stays readable with the new one only.
 
@@ -311,14 +336,12 @@ class CitadelSessionStore:
                 f"this CitadelSessionStore ({self.path}) is closed; open a new one to continue."
             )
 
+    def _expires_at(self) -> int | None:
+        """When an item written now expires (µs since the epoch), or None."""
+        return None if self._ttl is None else int((time.time() + self._ttl) * 1_000_000)
+
     def _add_items(self, session_id: str, items: list[Any]) -> None:
-        payloads = [encode_item(item, position) for position, item in enumerate(items)]
-        texts = [search_text(item) for item in items]
-        from_user = [is_user_message(item) for item in items]
-        expires_at = None
-        if self._ttl is not None:
-            expires_at = int((time.time() + self._ttl) * 1_000_000)
-        self._file.append(session_id, payloads, texts, from_user, expires_at)
+        self._file.append(session_id, *_encoded(items), self._expires_at())
 
     def _get_items(self, session_id: str, limit: int | None) -> list[Any]:
         if limit is None or limit < 0:
@@ -337,6 +360,17 @@ class CitadelSessionStore:
     def _search(self, session_id: str, query: str, limit: int) -> list[Any]:
         payloads = self._file.search(session_id, query, limit)
         return decode_items(payloads)
+
+    def _search_with_positions(self, session_id: str, query: str, limit: int) -> tuple[list[HistoryHit], int]:
+        """`_search`'s hits (identical ones once) with their positions, and the session's item count."""
+        found = list(dict.fromkeys(self._file.search(session_id, query, limit)))
+        held = self._file.all_items(session_id)
+        where: dict[str, list[int]] = {payload: [] for payload in found}
+        for position, payload in enumerate(held, 1):
+            if payload in where:
+                where[payload].append(position)
+        hits = zip(found, decode_items(found), strict=True)
+        return [HistoryHit(where[payload], item, search_text(item)) for payload, item in hits], len(held)
 
 
 def verify_file(path: str | os.PathLike[str], key: str) -> IntegrityReport:
@@ -366,6 +400,12 @@ def reembed(
         return local.reembed(path, check_passphrase(key), resolve_embedder(embedder), progress)
     finally:
         del key  # see CitadelSessionStore.__init__
+
+
+def _encoded(items: list[Any]) -> tuple[list[str], list[str], list[bool]]:
+    """Items as the file stores them: JSON text, the text search indexes, and who said it."""
+    payloads = [encode_item(item, position) for position, item in enumerate(items)]
+    return payloads, [search_text(item) for item in items], [is_user_message(item) for item in items]
 
 
 def _summary(found: tuple[str, int, int, int]) -> SessionSummary:
