@@ -28,9 +28,13 @@ from .errors import (
     StorageError,
     WrongPassphraseError,
 )
+from .migration.copy import copy_session
+from .migration.files import export_all, export_sqlite, import_file
 from .results import (
     Erasure,
+    ExportSummary,
     HistoryHit,
+    ImportReport,
     ImportSummary,
     IntegrityReport,
     LockHolder,
@@ -58,8 +62,10 @@ __all__ = [
     "EmptyPassphraseError",
     "Erasure",
     "ExportExistsError",
+    "ExportSummary",
     "ForkedStoreError",
     "HistoryHit",
+    "ImportReport",
     "ImportSourceError",
     "ImportSummary",
     "IntegrityReport",
@@ -75,7 +81,11 @@ __all__ = [
     "SessionSummary",
     "StorageError",
     "WrongPassphraseError",
+    "copy_session",
+    "export_all",
+    "export_sqlite",
     "from_config",
+    "import_file",
     "reembed",
     "verify_file",
 ]

@@ -117,6 +117,39 @@ class ImportSummary:
 
 
 @dataclass(frozen=True)
+class ImportReport:
+    """What importing a file did: its kind, and each session imported from it.
+
+    `skipped` rows of an SDK file are not JSON: the SDK's own sessions skip them too.
+    """
+
+    source: str
+    kind: str
+    sessions: list[ImportSummary]
+    skipped: int = 0
+
+    @property
+    def written(self) -> int:
+        return sum(session.written for session in self.sessions)
+
+
+@dataclass(frozen=True)
+class ExportSummary:
+    """What an export to files wrote: the file or directory, and each session with its item count.
+
+    `files` maps each session to its file's name in the directory (one file per session).
+    """
+
+    destination: str
+    sessions: dict[str, int]
+    files: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def items(self) -> int:
+        return sum(self.sessions.values())
+
+
+@dataclass(frozen=True)
 class HistoryHit:
     """A search hit with where it stands in its session: `positions` count from 1, the oldest item.
 

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .. import CitadelSessionStore
+from .. import CitadelSessionStore, export_all, export_sqlite, import_file
 from ..config import (
     CitadelSettings,
     check_configuration,
@@ -66,8 +66,13 @@ def sessions(args: argparse.Namespace) -> int:
 
 
 def export(args: argparse.Namespace) -> int:
+    if args.all_dir is not None or args.format == "sqlite":
+        return _export_files(args)
+    if len(args.targets) != 1:
+        return _usage("export takes one SESSION_ID (or --format sqlite DEST.db, or --all DIR)")
+    session_id = args.targets[0]
     with _open(args) as store, render.progress_bar("exporting", enabled=True, unit="segment") as progress:
-        items = store.export(args.session_id, progress=progress)
+        items = store.export(session_id, progress=progress)
     data = render.json_lines(items)
     if args.out is None:
         sys.stdout.buffer.write(data)
@@ -83,8 +88,54 @@ def export(args: argparse.Namespace) -> int:
         ) from None
     with open(descriptor, "wb") as file:
         file.write(data)
-    print(f"exported {render.count(len(items), 'item')} of session {args.session_id!r} to {out}")
+    print(f"exported {render.count(len(items), 'item')} of session {session_id!r} to {out}")
     return 0
+
+
+def _export_files(args: argparse.Namespace) -> int:
+    """`export --format sqlite DEST.db [SESSION_ID...]` and `export --all DIR [SESSION_ID...]`."""
+    if (args.all_dir is not None and args.format == "sqlite") or args.out is not None:
+        return _usage("--all writes JSON Lines files and --format sqlite one file: give one, without --out")
+    if args.all_dir is None and not args.targets:
+        return _usage(
+            "export --format sqlite needs the new file: export --format sqlite DEST.db [SESSION_ID...]"
+        )
+    session_ids = (args.targets if args.all_dir is not None else args.targets[1:]) or None
+    with _open(args) as store, render.progress_bar("exporting", enabled=True) as progress:
+        if args.all_dir is not None:
+            summary = export_all(store, args.all_dir, session_ids, progress=progress)
+        else:
+            summary = export_sqlite(store, args.targets[0], session_ids, progress=progress)
+        path = store.path
+    render.print_export(path, summary)
+    return 0
+
+
+def import_(args: argparse.Namespace) -> int:
+    with (
+        _open(args) as store,
+        render.progress_bar("importing", enabled=not args.json, unit="item") as progress,
+    ):
+        report = import_file(
+            store,
+            args.source,
+            session_id=args.session_id,
+            sessions_table=args.sessions_table,
+            messages_table=args.messages_table,
+            mode=args.mode,
+            progress=progress,
+        )
+        path = store.path
+    if args.json:
+        render.print_json(render.import_dict(path, report))
+    else:
+        render.print_import(path, report)
+    return 0
+
+
+def _usage(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
 
 
 def erase(args: argparse.Namespace) -> int:

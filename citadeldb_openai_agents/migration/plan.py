@@ -16,11 +16,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from ..errors import SessionNotEmptyError
 from ..results import ImportSummary, Progress
 from ..serving.shared import SharedFile
+from ..storage.codec import encode_item
 from ..storage.segments import SEGMENT_CAPACITY
 
 # One segment's worth: each chunk fills a segment of its own in a new session (segments.py).
@@ -54,6 +55,11 @@ def chunk_ids(session_id: str, payloads: list[str], chunk: int) -> list[str]:
         session_id.encode("utf-8", "surrogatepass") + b"\0" + digest(payloads).encode()
     ).hexdigest()[:32]
     return [f"import-{identity}-{number}" for number in range(-(-len(payloads) // chunk))]
+
+
+def as_stored(items: list[Any]) -> list[str]:
+    """Items as the JSON text a session stores them as: what `plan` compares."""
+    return [encode_item(item, position) for position, item in enumerate(items)]
 
 
 def plan(held: list[str], incoming: list[str], mode: ImportMode, chunk: int) -> ImportPlan:
