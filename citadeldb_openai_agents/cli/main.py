@@ -28,7 +28,7 @@ def _parser() -> argparse.ArgumentParser:
         "demo", help="a scripted conversation that persists across processes, then is erased"
     )
     demo.add_argument("--dir", help="keep the demo file in this directory (default: a temporary one)")
-    demo.add_argument("--step", choices=["remember", "ask", "erase"], help=argparse.SUPPRESS)
+    demo.add_argument("--step", choices=["remember", "ask", "erase", "tool"], help=argparse.SUPPRESS)
     demo.add_argument("--file", help=argparse.SUPPRESS)
     demo.set_defaults(run=commands.demo)
     check = subcommands.add_parser(
