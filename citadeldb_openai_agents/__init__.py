@@ -22,6 +22,7 @@ from .errors import (
     ForkedStoreError,
     ImportSourceError,
     InvalidItemError,
+    MoveConflictError,
     SessionClosedError,
     SessionNotEmptyError,
     SessionNotFoundError,
@@ -30,6 +31,7 @@ from .errors import (
 )
 from .migration.copy import copy_session
 from .migration.files import export_all, export_sqlite, import_file
+from .offline import reembed, verify_file
 from .results import (
     Erasure,
     ExportSummary,
@@ -38,11 +40,12 @@ from .results import (
     ImportSummary,
     IntegrityReport,
     LockHolder,
+    MoveSummary,
     ReembedSummary,
     SessionIntegrity,
     SessionSummary,
 )
-from .store import CitadelSessionStore, reembed, verify_file
+from .store import CitadelSessionStore
 
 __all__ = [
     "BackupExistsError",
@@ -72,6 +75,8 @@ __all__ = [
     "InvalidItemError",
     "LegacyEmbedderAdapter",
     "LockHolder",
+    "MoveConflictError",
+    "MoveSummary",
     "ReembedSummary",
     "SentenceTransformerEmbedder",
     "SessionClosedError",

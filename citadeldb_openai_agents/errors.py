@@ -21,6 +21,7 @@ exception reaches a caller: storage/translate.py turns each into one of these.
     ├── EmbedderMismatchError (ValueError)     the file's vectors come from another model
     ├── SessionNotFoundError (LookupError)     an operator command named a session that holds nothing
     ├── SessionNotEmptyError (ValueError)      an import into a session that holds other items
+    ├── MoveConflictError (ValueError)         a move whose target holds other items, or whose session changed
     ├── ImportSourceError (ValueError)         an import's source cannot be read as a session file
     ├── BackupExistsError (FileExistsError)    a backup would overwrite a file
     └── ExportExistsError (FileExistsError)    an export would overwrite a file; nothing was written
@@ -122,6 +123,11 @@ class SessionNotFoundError(CitadelSessionError, LookupError):
 
 class SessionNotEmptyError(CitadelSessionError, ValueError):
     """An import into a session that holds items other than this import's; nothing was written."""
+
+
+class MoveConflictError(CitadelSessionError, ValueError):
+    """A move that would mix or lose items: the target holds other items under the session's id,
+    or the session changed while it was moved. Nothing was erased: the source still holds it."""
 
 
 class ImportSourceError(CitadelSessionError, ValueError):

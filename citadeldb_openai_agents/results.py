@@ -159,3 +159,27 @@ class HistoryHit:
     positions: list[int]
     item: Any
     text: str
+
+
+@dataclass(frozen=True)
+class MoveSummary:
+    """What `CitadelSessionStore.move_session` did for one session, from one file to another.
+
+    `copied` items were written to the target now, `already_in_target` were there from an
+    earlier run (interrupted, or complete): the target holds `items` in all, compared item
+    by item with the source before it was erased. `erasure` is the source's receipt; None
+    when an earlier run had already erased it (`finished_before`).
+    """
+
+    session_id: str
+    source: str
+    target: str
+    items: int
+    copied: int
+    already_in_target: int
+    erasure: Erasure | None
+
+    @property
+    def finished_before(self) -> bool:
+        """True when an earlier run had finished the move: nothing was left to copy or erase."""
+        return self.erasure is None

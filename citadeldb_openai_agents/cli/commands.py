@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .. import CitadelSessionStore, export_all, export_sqlite, import_file
+from .. import CitadelSessionStore, DatabaseNotFoundError, export_all, export_sqlite, import_file
 from ..config import (
     CitadelSettings,
     check_configuration,
@@ -156,6 +156,53 @@ def erase(args: argparse.Namespace) -> int:
             "Keep this receipt and run `python -m citadeldb_openai_agents verify`."
         )
     return 0
+
+
+def move(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    target = _target_settings(args, settings)
+    with (
+        _open(args, settings) as store,
+        _open_target(args, target) as other,
+        render.progress_bar("moving", enabled=not args.json, unit="item") as progress,
+    ):
+        moved_at = datetime.now(timezone.utc)
+        moved = store.move_sessions(args.session_ids, other, progress=progress)
+    if args.json:
+        render.print_json([render.move_dict(summary, moved_at) for summary in moved])
+    else:
+        for summary in moved:
+            render.print_move(summary, moved_at)
+    unconfirmed = [m.session_id for m in moved if m.erasure is not None and not m.erasure.readback_confirmed]
+    if unconfirmed:
+        raise Refused(
+            f"the readback did not confirm the erasure of {', '.join(map(repr, unconfirmed))} at the source: "
+            "the keys were destroyed, but Citadel did not read every item back as missing. "
+            "Keep this receipt and run `python -m citadeldb_openai_agents verify`."
+        )
+    return 0
+
+
+def _open_target(args: argparse.Namespace, target: CitadelSettings) -> CitadelSessionStore:
+    try:
+        return _open(args, target, create=args.create)
+    except DatabaseNotFoundError as exc:
+        if not exc.creation_refused:
+            raise
+        raise Refused(f"{exc} To start a new, empty target file there, pass --create.") from None
+
+
+def _target_settings(args: argparse.Namespace, source: CitadelSettings) -> CitadelSettings:
+    """The settings of `--to-config`, refused when they name the source's own file."""
+    with _warnings_printed():
+        target = load_settings(args.to_config, **({"create": True} if args.create else {}))
+    if os.path.realpath(source.path) == os.path.realpath(target.path):
+        raise Refused(
+            f"--to-config {args.to_config} names the source's own file, {os.path.realpath(target.path)} "
+            f"(path from {target.provenance('path').origin}); nothing was moved. CITADEL_* variables "
+            "apply to both configurations: set each file's path in its own TOML file, not in CITADEL_PATH."
+        )
+    return target
 
 
 def _confirmed(path: str) -> Callable[[dict[str, int]], None]:

@@ -164,6 +164,26 @@ def _add_operations(subcommands: Any) -> None:
     erase.add_argument("-y", "--yes", action="store_true", help="erase without asking")
     erase.set_defaults(run=commands.erase)
 
+    move = add(
+        "move",
+        "move sessions to another file: copy, compare item by item, then erase them here",
+        "store.move_sessions(session_ids, other_store)",
+        "OTHER.toml configures the target file as --config does the source (CITADEL_* variables "
+        "apply to both: a target that resolves to the source's file is refused). Every id is "
+        "checked first: one in neither file, or whose target holds other items, moves nothing "
+        "(exit 1). Each session is erased here, with a receipt, only once the target holds exactly "
+        "its items. If interrupted, run the same command again: it finishes the move.",
+        as_json,
+    )
+    move.add_argument("session_ids", metavar="SESSION_ID", nargs="+")
+    move.add_argument(
+        "--to-config", metavar="OTHER.toml", required=True, help="the TOML file of the target database"
+    )
+    move.add_argument(
+        "--create", action="store_true", help="create the target file if it does not exist (else it must)"
+    )
+    move.set_defaults(run=commands.move)
+
     add(
         "purge",
         "erase every expired item now and print how many",

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..config import CheckReport
 from ..options import DEFAULT_CACHE_PAGES
-from ..results import Erasure, ExportSummary, ImportReport, IntegrityReport, SessionSummary
+from ..results import Erasure, ExportSummary, ImportReport, IntegrityReport, MoveSummary, SessionSummary
 
 
 def print_check_report(report: CheckReport) -> None:
@@ -125,6 +125,51 @@ def print_receipt(session_id: str, erasure: Erasure, path: str, erased_at: datet
     print(f"  items erased:       {erasure.items_erased}")
     print(f"  regions dropped:    {erasure.regions_dropped}")
     print(f"  algorithm:          {erasure.algorithm} (keys destroyed)")
+    print(f"  readback confirmed: {readback}")
+
+
+def move_dict(summary: MoveSummary, moved_at: datetime) -> dict[str, Any]:
+    erasure = summary.erasure
+    return {
+        "session_id": summary.session_id,
+        "source": summary.source,
+        "target": summary.target,
+        "items": summary.items,
+        "copied": summary.copied,
+        "already_in_target": summary.already_in_target,
+        "finished_before": summary.finished_before,
+        "erasure": None
+        if erasure is None
+        else {
+            k: v
+            for k, v in receipt_dict(summary.session_id, erasure, summary.source, moved_at).items()
+            if k not in ("session_id", "database")
+        },
+    }
+
+
+def print_move(summary: MoveSummary, moved_at: datetime) -> None:
+    if summary.erasure is None:
+        print(
+            f"session {summary.session_id!r} was already moved: {summary.target} holds its "
+            f"{count(summary.items, 'item')}, {summary.source} none (an earlier run copied and erased it)"
+        )
+        return
+    earlier = (
+        f" ({summary.already_in_target} were already there from an earlier run)"
+        if summary.already_in_target
+        else ""
+    )
+    print(
+        f"moved session {summary.session_id!r} from {summary.source} to {summary.target}: "
+        f"{count(summary.items, 'item')}, compared item by item"
+    )
+    print(f"  items copied now:   {summary.copied}{earlier}")
+    print(f"  erased at the source at {utc(moved_at)} UTC:")
+    readback = "yes (every erased item reads back as missing)" if summary.erasure.readback_confirmed else "NO"
+    print(f"  items erased:       {summary.erasure.items_erased}")
+    print(f"  regions dropped:    {summary.erasure.regions_dropped}")
+    print(f"  algorithm:          {summary.erasure.algorithm} (keys destroyed)")
     print(f"  readback confirmed: {readback}")
 
 

@@ -21,7 +21,7 @@ from typing import Any, Literal
 from ..errors import SessionNotEmptyError
 from ..results import ImportSummary, Progress
 from ..serving.shared import SharedFile
-from ..storage.codec import encode_item
+from ..storage.codec import digest, encode_item
 from ..storage.segments import SEGMENT_CAPACITY
 
 # One segment's worth: each chunk fills a segment of its own in a new session (segments.py).
@@ -37,16 +37,6 @@ class ImportPlan:
     start: int  # items of this import the session already holds
     clear: bool = False
     refused: bool = False
-
-
-def digest(payloads: list[str]) -> str:
-    """A digest of items as stored, in order (lengths framed, so no two lists collide)."""
-    hashed = hashlib.sha256()
-    for payload in payloads:
-        data = payload.encode("utf-8", "surrogatepass")
-        hashed.update(len(data).to_bytes(8, "big"))
-        hashed.update(data)
-    return hashed.hexdigest()
 
 
 def chunk_ids(session_id: str, payloads: list[str], chunk: int) -> list[str]:
@@ -108,12 +98,31 @@ def import_chunks(
         )
     if chosen.clear:
         file.clear(session_id)
-    done = chosen.start
-    for batch in chunk_ids(session_id, payloads, CHUNK)[done // CHUNK :]:
-        end = min(done + CHUNK, len(payloads))
-        part = slice(done, end)
-        file.append_batch(session_id, payloads[part], texts[part], from_user[part], expires_at(), batch)
-        done = end
+    write_chunks(file, session_id, payloads, texts, from_user, chosen.start, expires_at, progress)
+    return ImportSummary(session_id, len(payloads), len(payloads) - chosen.start, chosen.start, chosen.clear)
+
+
+def write_chunks(
+    file: SharedFile,
+    session_id: str,
+    payloads: list[str],
+    texts: list[str],
+    from_user: list[bool],
+    start: int,
+    expires_at: Callable[[], int | None],
+    progress: Progress | None,
+) -> None:
+    """Append the items from `start` on, chunk by chunk, each under its chunk's batch id.
+
+    Chunks are counted from the first item whatever `start` is, so a rerun that starts where
+    a run left off sends each chunk under the id the first run sent it under.
+    """
+    ids = chunk_ids(session_id, payloads, CHUNK)
+    done = start
+    while done < len(payloads):
+        number = done // CHUNK
+        part = slice(done, min((number + 1) * CHUNK, len(payloads)))
+        file.append_batch(session_id, payloads[part], texts[part], from_user[part], expires_at(), ids[number])
+        done = part.stop
         if progress is not None:
             progress(done, len(payloads))
-    return ImportSummary(session_id, len(payloads), len(payloads) - chosen.start, chosen.start, chosen.clear)

@@ -210,8 +210,10 @@ class SharedFile:
         newest = self._call("peek_newest", session_id)
         self._call("clear_through", session_id, 0 if newest is None else newest[0])
 
-    def erase(self, session_id: str) -> Erasure | None:
-        return self._call("erase", session_id)  # type: ignore[no-any-return]
+    def erase(self, session_id: str, expected: str | None = None) -> Erasure | None:
+        """Erase with a receipt; with `expected`, only if the session holds the items it digests (writes.py)."""
+        args = (session_id,) if expected is None else (session_id, expected)
+        return self._call("erase", *args)  # type: ignore[no-any-return]
 
     # -- every session --------------------------------------------------------------------
 
