@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import NoReturn
 
 from .. import CitadelSessionStore, DatabaseNotFoundError, export_all, export_sqlite, import_file
 from ..config import (
@@ -133,9 +134,10 @@ def import_(args: argparse.Namespace) -> int:
     return 0
 
 
-def _usage(message: str) -> int:
+def _usage(message: str) -> NoReturn:
+    """A usage error ends the command as argparse ends its own: the message, then exit status 2."""
     print(f"error: {message}", file=sys.stderr)
-    return 2
+    raise SystemExit(2)
 
 
 def erase(args: argparse.Namespace) -> int:
