@@ -18,15 +18,34 @@ from .errors import (
     EmbedderError,
     EmbedderMismatchError,
     EmptyPassphraseError,
+    ExportExistsError,
     ForkedStoreError,
+    ImportSourceError,
     InvalidItemError,
+    MoveConflictError,
     SessionClosedError,
+    SessionNotEmptyError,
     SessionNotFoundError,
     StorageError,
     WrongPassphraseError,
 )
-from .results import Erasure, IntegrityReport, LockHolder, ReembedSummary, SessionIntegrity, SessionSummary
-from .store import CitadelSessionStore, reembed, verify_file
+from .migration.copy import copy_session
+from .migration.files import export_all, export_sqlite, import_file
+from .offline import reembed, verify_file
+from .results import (
+    Erasure,
+    ExportSummary,
+    HistoryHit,
+    ImportReport,
+    ImportSummary,
+    IntegrityReport,
+    LockHolder,
+    MoveSummary,
+    ReembedSummary,
+    SessionIntegrity,
+    SessionSummary,
+)
+from .store import CitadelSessionStore
 
 __all__ = [
     "BackupExistsError",
@@ -45,20 +64,33 @@ __all__ = [
     "EmbedderMismatchError",
     "EmptyPassphraseError",
     "Erasure",
+    "ExportExistsError",
+    "ExportSummary",
     "ForkedStoreError",
+    "HistoryHit",
+    "ImportReport",
+    "ImportSourceError",
+    "ImportSummary",
     "IntegrityReport",
     "InvalidItemError",
     "LegacyEmbedderAdapter",
     "LockHolder",
+    "MoveConflictError",
+    "MoveSummary",
     "ReembedSummary",
     "SentenceTransformerEmbedder",
     "SessionClosedError",
     "SessionIntegrity",
+    "SessionNotEmptyError",
     "SessionNotFoundError",
     "SessionSummary",
     "StorageError",
     "WrongPassphraseError",
+    "copy_session",
+    "export_all",
+    "export_sqlite",
     "from_config",
+    "import_file",
     "reembed",
     "verify_file",
 ]

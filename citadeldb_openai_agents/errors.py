@@ -20,7 +20,11 @@ exception reaches a caller: storage/translate.py turns each into one of these.
     ├── EmbedderError (RuntimeError)           the embedder failed
     ├── EmbedderMismatchError (ValueError)     the file's vectors come from another model
     ├── SessionNotFoundError (LookupError)     an operator command named a session that holds nothing
-    └── BackupExistsError (FileExistsError)    a backup would overwrite a file
+    ├── SessionNotEmptyError (ValueError)      an import into a session that holds other items
+    ├── MoveConflictError (ValueError)         a move whose target holds other items, or whose session changed
+    ├── ImportSourceError (ValueError)         an import's source cannot be read as a session file
+    ├── BackupExistsError (FileExistsError)    a backup would overwrite a file
+    └── ExportExistsError (FileExistsError)    an export would overwrite a file; nothing was written
 
     ConfigurationWarning (UserWarning)         a configuration that works but is risky
 """
@@ -117,8 +121,25 @@ class SessionNotFoundError(CitadelSessionError, LookupError):
     """An operator command named a session that holds no live item."""
 
 
+class SessionNotEmptyError(CitadelSessionError, ValueError):
+    """An import into a session that holds items other than this import's; nothing was written."""
+
+
+class MoveConflictError(CitadelSessionError, ValueError):
+    """A move that would mix or lose items: the target holds other items under the session's id,
+    or the session changed while it was moved. Nothing was erased: the source still holds it."""
+
+
+class ImportSourceError(CitadelSessionError, ValueError):
+    """An import's source is not a session file this package reads (or is damaged)."""
+
+
 class BackupExistsError(CitadelSessionError, FileExistsError):
     """A backup's destination (or one of its companion files) already exists."""
+
+
+class ExportExistsError(CitadelSessionError, FileExistsError):
+    """An export's destination file (or one of them) already exists; nothing was written."""
 
 
 class ConfigurationError(CitadelSessionError, ValueError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 # A long operation's progress: called with (done, total) as it goes.
 Progress = Callable[[int, int], None]
@@ -98,3 +99,87 @@ class ReembedSummary:
     regions: int
     items: int
     model_id: str
+
+
+@dataclass(frozen=True)
+class ImportSummary:
+    """What `CitadelSessionStore.import_items` did for one session.
+
+    `already_held` items of this import were in the session before the call (a run that
+    was interrupted, or one that completed): they were not written again.
+    """
+
+    session_id: str
+    items: int
+    written: int
+    already_held: int = 0
+    replaced: bool = False
+
+
+@dataclass(frozen=True)
+class ImportReport:
+    """What importing a file did: its kind, and each session imported from it.
+
+    `skipped` rows of an SDK file are not JSON: the SDK's own sessions skip them too.
+    """
+
+    source: str
+    kind: str
+    sessions: list[ImportSummary]
+    skipped: int = 0
+
+    @property
+    def written(self) -> int:
+        return sum(session.written for session in self.sessions)
+
+
+@dataclass(frozen=True)
+class ExportSummary:
+    """What an export to files wrote: the file or directory, and each session with its item count.
+
+    `files` maps each session to its file's name in the directory (one file per session).
+    """
+
+    destination: str
+    sessions: dict[str, int]
+    files: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def items(self) -> int:
+        return sum(self.sessions.values())
+
+
+@dataclass(frozen=True)
+class HistoryHit:
+    """A search hit with where it stands in its session: `positions` count from 1, the oldest item.
+
+    An item stored more than once, identical, lists every position it holds.
+    """
+
+    positions: list[int]
+    item: Any
+    text: str
+
+
+@dataclass(frozen=True)
+class MoveSummary:
+    """What `CitadelSessionStore.move_session` did for one session, from one file to another.
+
+    `copied` items were written to the target now, `already_in_target` were there from an
+    earlier run (interrupted, or complete): the target holds `items` in all, compared item
+    by item with the source before it was erased. `erasure` is the source's receipt; None
+    when an earlier run had already erased it (`finished_before`).
+    """
+
+    session_id: str
+    source: str
+    target: str
+    items: int
+    copied: int
+    already_in_target: int
+    erasure: Erasure | None
+
+    @property
+    def finished_before(self) -> bool:
+        """True when an earlier run had finished the move: nothing was left to copy or erase."""
+        return self.erasure is None

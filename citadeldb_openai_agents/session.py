@@ -12,8 +12,10 @@ from agents.memory.session_settings import resolve_session_limit
 
 from .errors import SessionClosedError
 from .store import CitadelSessionStore
+from .tool import search_tool
 
 if TYPE_CHECKING:
+    from agents import FunctionTool
     from agents.items import TResponseInputItem
 
 T = TypeVar("T")
@@ -137,6 +139,18 @@ class CitadelSession:
         if limit <= 0:
             return []
         return await asyncio.to_thread(self._store._search, self.session_id, query, limit)
+
+    def search_tool(self, name: str = "search_history", limit: int = 5) -> FunctionTool:
+        """This session's `search` as an SDK `FunctionTool`, for the agent that uses the session.
+
+        With ``SessionSettings(limit=N)`` the model sees only the newest N items; with this
+        tool (``Agent(tools=[session.search_tool()])``) it can look up older ones. The tool
+        takes a query and returns text: the `limit` best matches, each with its position in
+        the session (1 is the oldest), who said it (role) and its text. It never returns
+        another session's items or expired ones.
+        """
+        self._check_open()
+        return search_tool(self, name=name, limit=limit)
 
     def close(self) -> None:
         """Close this session (and its store when the session opened it). Idempotent."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -18,17 +18,19 @@ from typing import TYPE_CHECKING, Any
 from .embedders.protocol import EmbedderIdentity
 from .embedders.providers import resolve_embedder
 from .errors import SessionClosedError, SessionNotFoundError
+from .migration.move import move_sessions
+from .migration.plan import IMPORT_MODES, ImportMode, import_chunks
 from .options import Argon2Profile, SyncMode, check_passphrase, check_ttl
-from .results import Erasure, IntegrityReport, Progress, ReembedSummary, SessionSummary
+from .results import Erasure, HistoryHit, IntegrityReport, MoveSummary, Progress, SessionSummary
 from .serving.shared import SharedFile
-from .storage import local
-from .storage.codec import decode_item, decode_items, encode_item, is_user_message, search_text
+from .storage.codec import decode_item, decode_items, encode_batch, search_text
 from .storage.local import database_options
 
 if TYPE_CHECKING:
     # Imported for annotations only: the operator CLI never needs the Agents SDK loaded.
     from agents.memory import SessionSettings
 
+    from .results import ImportSummary
     from .session import CitadelSession
 
 
@@ -224,6 +226,59 @@ class CitadelSessionStore:
             raise self._not_found(session_id)
         return items
 
+    def import_items(
+        self,
+        session_id: str,
+        items: Iterable[Any],
+        *,
+        mode: ImportMode = "new",
+        progress: Progress | None = None,
+    ) -> ImportSummary:
+        """Import items into a session, verbatim and in order; a rerun resumes, never duplicates.
+
+        Written in atomic chunks of 256 items whose ids derive from this import (migration/plan.py).
+        `mode`: "new" refuses a session that holds other items than this import's, "append" adds
+        after them, "replace" erases them first. `progress(items done, items)` after each chunk.
+
+        Raises:
+            SessionNotEmptyError: mode "new" and the session holds other items; nothing was written.
+            InvalidItemError: an item is not JSON (its position is named); nothing was written.
+        """
+        self._check_open()
+        if mode not in IMPORT_MODES:
+            raise ValueError(f"mode must be one of {', '.join(IMPORT_MODES)}, not {mode!r}")
+        return import_chunks(
+            self._file, session_id, *encode_batch(list(items)), mode, self._expires_at, progress
+        )
+
+    def move_session(
+        self, session_id: str, other: CitadelSessionStore, *, progress: Progress | None = None
+    ) -> MoveSummary:
+        """Move a session to `other` (another file): copy, compare item by item, then erase it here.
+
+        Safe to interrupt anywhere (migration/move.py): the session is left whole here, or whole
+        in both files with the erase still to do, never in neither; run it again to finish. The
+        copy resumes where it stopped; the erase, with its receipt, happens only if this file
+        still holds exactly the items compared. A session no longer here but in `other` is a
+        move finished earlier (its summary's `erasure` is None). `progress(copied, items)`.
+
+        Raises:
+            SessionNotFoundError: neither file holds the session.
+            MoveConflictError: `other` holds other items under this id, or the session changed
+                during the move; nothing was erased.
+            ValueError: `other` is a store on this very file.
+        """
+        return self.move_sessions([session_id], other, progress=progress)[0]
+
+    def move_sessions(
+        self, session_ids: list[str], other: CitadelSessionStore, *, progress: Progress | None = None
+    ) -> list[MoveSummary]:
+        """`move_session` for each id in turn, once every one is found and free of conflict."""
+        self._check_open()
+        other._check_open()
+        ids = list(dict.fromkeys(session_ids))
+        return move_sessions(self._file, other._file, ids, other._expires_at, progress)
+
     def rotate_key(self, current_key: str, new_key: str) -> None:
         """Change the file's passphrase; every session stays readable with the new one only.
 
@@ -311,14 +366,12 @@ class CitadelSessionStore:
                 f"this CitadelSessionStore ({self.path}) is closed; open a new one to continue."
             )
 
+    def _expires_at(self) -> int | None:
+        """When an item written now expires (µs since the epoch), or None."""
+        return None if self._ttl is None else int((time.time() + self._ttl) * 1_000_000)
+
     def _add_items(self, session_id: str, items: list[Any]) -> None:
-        payloads = [encode_item(item, position) for position, item in enumerate(items)]
-        texts = [search_text(item) for item in items]
-        from_user = [is_user_message(item) for item in items]
-        expires_at = None
-        if self._ttl is not None:
-            expires_at = int((time.time() + self._ttl) * 1_000_000)
-        self._file.append(session_id, payloads, texts, from_user, expires_at)
+        self._file.append(session_id, *encode_batch(items), self._expires_at())
 
     def _get_items(self, session_id: str, limit: int | None) -> list[Any]:
         if limit is None or limit < 0:
@@ -338,34 +391,16 @@ class CitadelSessionStore:
         payloads = self._file.search(session_id, query, limit)
         return decode_items(payloads)
 
-
-def verify_file(path: str | os.PathLike[str], key: str) -> IntegrityReport:
-    """`CitadelSessionStore.verify` for a file that is not open, changing nothing in it.
-
-    The way to inspect a damaged file, which refuses to open for use: Citadel's page
-    check, the audit log's chain, and per session the items the file holds, those
-    Citadel can read, and its verdict on each, all read without starting Citadel's
-    memory engine (which would delete what it cannot read).
-    """
-    try:
-        return local.verify_file(path, check_passphrase(key))
-    finally:
-        del key  # see CitadelSessionStore.__init__
-
-
-def reembed(
-    path: str | os.PathLike[str], key: str, embedder: Any, *, progress: Progress | None = None
-) -> ReembedSummary:
-    """Re-embed a file's stored text with `embedder`, keeping every item.
-
-    The fix for `EmbedderMismatchError`: after it, the file opens with `embedder`.
-    The file must not be open elsewhere in this process or in another process.
-    `progress(regions done, regions)` is called after each region.
-    """
-    try:
-        return local.reembed(path, check_passphrase(key), resolve_embedder(embedder), progress)
-    finally:
-        del key  # see CitadelSessionStore.__init__
+    def _search_with_positions(self, session_id: str, query: str, limit: int) -> tuple[list[HistoryHit], int]:
+        """`_search`'s hits (identical ones once) with their positions, and the session's item count."""
+        found = list(dict.fromkeys(self._file.search(session_id, query, limit)))
+        held = self._file.all_items(session_id)
+        where: dict[str, list[int]] = {payload: [] for payload in found}
+        for position, payload in enumerate(held, 1):
+            if payload in where:
+                where[payload].append(position)
+        hits = zip(found, decode_items(found), strict=True)
+        return [HistoryHit(where[payload], item, search_text(item)) for payload, item in hits], len(held)
 
 
 def _summary(found: tuple[str, int, int, int]) -> SessionSummary:

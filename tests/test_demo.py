@@ -27,3 +27,8 @@ def test_demo_remembers_across_processes_then_forgets() -> None:
     assert "readback confirmed: True" in out
     assert "assistant: I don't know your dog's name." in after
     assert "Files on disk containing the word 'Mochi': none" in out
+    tool = out.split("[process 5")[1]
+    assert "history fed to the model: 7 item(s)" in tool
+    assert "- #5, user: My locker code is 4711." in tool
+    assert "assistant: Your locker code is 4711." in tool
+    assert "Files on disk containing the word 'locker': none" in out

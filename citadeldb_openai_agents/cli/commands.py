@@ -16,8 +16,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import NoReturn
 
-from .. import CitadelSessionStore
+from .. import CitadelSessionStore, DatabaseNotFoundError, export_all, export_sqlite, import_file
 from ..config import (
     CitadelSettings,
     check_configuration,
@@ -66,8 +67,13 @@ def sessions(args: argparse.Namespace) -> int:
 
 
 def export(args: argparse.Namespace) -> int:
+    if args.all_dir is not None or args.format == "sqlite":
+        return _export_files(args)
+    if len(args.targets) != 1:
+        return _usage("export takes one SESSION_ID (or --format sqlite DEST.db, or --all DIR)")
+    session_id = args.targets[0]
     with _open(args) as store, render.progress_bar("exporting", enabled=True, unit="segment") as progress:
-        items = store.export(args.session_id, progress=progress)
+        items = store.export(session_id, progress=progress)
     data = render.json_lines(items)
     if args.out is None:
         sys.stdout.buffer.write(data)
@@ -83,8 +89,55 @@ def export(args: argparse.Namespace) -> int:
         ) from None
     with open(descriptor, "wb") as file:
         file.write(data)
-    print(f"exported {render.count(len(items), 'item')} of session {args.session_id!r} to {out}")
+    print(f"exported {render.count(len(items), 'item')} of session {session_id!r} to {out}")
     return 0
+
+
+def _export_files(args: argparse.Namespace) -> int:
+    """`export --format sqlite DEST.db [SESSION_ID...]` and `export --all DIR [SESSION_ID...]`."""
+    if (args.all_dir is not None and args.format == "sqlite") or args.out is not None:
+        return _usage("--all writes JSON Lines files and --format sqlite one file: give one, without --out")
+    if args.all_dir is None and not args.targets:
+        return _usage(
+            "export --format sqlite needs the new file: export --format sqlite DEST.db [SESSION_ID...]"
+        )
+    session_ids = (args.targets if args.all_dir is not None else args.targets[1:]) or None
+    with _open(args) as store, render.progress_bar("exporting", enabled=True) as progress:
+        if args.all_dir is not None:
+            summary = export_all(store, args.all_dir, session_ids, progress=progress)
+        else:
+            summary = export_sqlite(store, args.targets[0], session_ids, progress=progress)
+        path = store.path
+    render.print_export(path, summary)
+    return 0
+
+
+def import_(args: argparse.Namespace) -> int:
+    with (
+        _open(args) as store,
+        render.progress_bar("importing", enabled=not args.json, unit="item") as progress,
+    ):
+        report = import_file(
+            store,
+            args.source,
+            session_id=args.session_id,
+            sessions_table=args.sessions_table,
+            messages_table=args.messages_table,
+            mode=args.mode,
+            progress=progress,
+        )
+        path = store.path
+    if args.json:
+        render.print_json(render.import_dict(path, report))
+    else:
+        render.print_import(path, report)
+    return 0
+
+
+def _usage(message: str) -> NoReturn:
+    """A usage error ends the command as argparse ends its own: the message, then exit status 2."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def erase(args: argparse.Namespace) -> int:
@@ -105,6 +158,53 @@ def erase(args: argparse.Namespace) -> int:
             "Keep this receipt and run `python -m citadeldb_openai_agents verify`."
         )
     return 0
+
+
+def move(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    target = _target_settings(args, settings)
+    with (
+        _open(args, settings) as store,
+        _open_target(args, target) as other,
+        render.progress_bar("moving", enabled=not args.json, unit="item") as progress,
+    ):
+        moved_at = datetime.now(timezone.utc)
+        moved = store.move_sessions(args.session_ids, other, progress=progress)
+    if args.json:
+        render.print_json([render.move_dict(summary, moved_at) for summary in moved])
+    else:
+        for summary in moved:
+            render.print_move(summary, moved_at)
+    unconfirmed = [m.session_id for m in moved if m.erasure is not None and not m.erasure.readback_confirmed]
+    if unconfirmed:
+        raise Refused(
+            f"the readback did not confirm the erasure of {', '.join(map(repr, unconfirmed))} at the source: "
+            "the keys were destroyed, but Citadel did not read every item back as missing. "
+            "Keep this receipt and run `python -m citadeldb_openai_agents verify`."
+        )
+    return 0
+
+
+def _open_target(args: argparse.Namespace, target: CitadelSettings) -> CitadelSessionStore:
+    try:
+        return _open(args, target, create=args.create)
+    except DatabaseNotFoundError as exc:
+        if not exc.creation_refused:
+            raise
+        raise Refused(f"{exc} To start a new, empty target file there, pass --create.") from None
+
+
+def _target_settings(args: argparse.Namespace, source: CitadelSettings) -> CitadelSettings:
+    """The settings of `--to-config`, refused when they name the source's own file."""
+    with _warnings_printed():
+        target = load_settings(args.to_config, **({"create": True} if args.create else {}))
+    if os.path.realpath(source.path) == os.path.realpath(target.path):
+        raise Refused(
+            f"--to-config {args.to_config} names the source's own file, {os.path.realpath(target.path)} "
+            f"(path from {target.provenance('path').origin}); nothing was moved. CITADEL_* variables "
+            "apply to both configurations: set each file's path in its own TOML file, not in CITADEL_PATH."
+        )
+    return target
 
 
 def _confirmed(path: str) -> Callable[[dict[str, int]], None]:

@@ -28,7 +28,7 @@ def _parser() -> argparse.ArgumentParser:
         "demo", help="a scripted conversation that persists across processes, then is erased"
     )
     demo.add_argument("--dir", help="keep the demo file in this directory (default: a temporary one)")
-    demo.add_argument("--step", choices=["remember", "ask", "erase"], help=argparse.SUPPRESS)
+    demo.add_argument("--step", choices=["remember", "ask", "erase", "tool"], help=argparse.SUPPRESS)
     demo.add_argument("--file", help=argparse.SUPPRESS)
     demo.set_defaults(run=commands.demo)
     check = subcommands.add_parser(
@@ -87,16 +87,69 @@ def _add_operations(subcommands: Any) -> None:
     export = add(
         "export",
         "print a session's items as JSON Lines, verbatim (a data-access request)",
-        "store.export(session_id)",
-        "One item per line, keys in stored order, UTF-8. Exit 1 for an unknown session id.",
+        "store.export(session_id); export_sqlite(store, dest); export_all(store, dir)",
+        "One item per line, keys in stored order, UTF-8. Exit 1 for an unknown session id. "
+        "`export --format sqlite DEST.db [SESSION_ID...]` writes the sessions (default: every one) "
+        "to a new file that agents.SQLiteSession reads as its own; `export --all DIR [SESSION_ID...]` "
+        "writes one JSON Lines file per session and an index.json. Files are created with mode 600, "
+        "and an existing one is never overwritten (nothing is written then).",
     )
-    export.add_argument("session_id", metavar="SESSION_ID")
+    export.add_argument(
+        "targets",
+        metavar="ARG",
+        nargs="*",
+        help="SESSION_ID, or DEST.db [SESSION_ID...] with --format sqlite",
+    )
     export.add_argument(
         "--out",
         metavar="FILE",
         help="write to FILE (created with mode 600; an existing file is never overwritten)",
     )
+    export.add_argument(
+        "--format", choices=["jsonl", "sqlite"], default="jsonl", help="jsonl (default) or sqlite"
+    )
+    export.add_argument("--all", metavar="DIR", dest="all_dir", help="one JSON Lines file per session in DIR")
     export.set_defaults(run=commands.export)
+
+    source = add(
+        "import",
+        "import sessions from an Agents SDK session file or an exported JSON Lines file",
+        "import_file(store, source)",
+        "SOURCE is an agents.SQLiteSession or AdvancedSQLiteSession file (every session in it, "
+        "read-only) or a JSON Lines file as export writes it (with --session-id). Items arrive "
+        "verbatim and in order. A session that already holds other items is refused (nothing is "
+        "written) unless --append or --replace. If interrupted, run the same command again: it "
+        "resumes, and never duplicates an item.",
+        as_json,
+    )
+    source.add_argument("source", metavar="SOURCE")
+    source.add_argument(
+        "--session-id",
+        metavar="ID",
+        help="the session of a JSON Lines file; in an SDK file, the one to import",
+    )
+    source.add_argument(
+        "--sessions-table", default="agent_sessions", metavar="NAME", help="default: agent_sessions"
+    )
+    source.add_argument(
+        "--messages-table", default="agent_messages", metavar="NAME", help="default: agent_messages"
+    )
+    modes = source.add_mutually_exclusive_group()
+    modes.add_argument(
+        "--append",
+        action="store_const",
+        const="append",
+        dest="mode",
+        help="add after the items a session holds",
+    )
+    modes.add_argument(
+        "--replace",
+        action="store_const",
+        const="replace",
+        dest="mode",
+        help="erase a session's items first (keys destroyed)",
+    )
+    source.set_defaults(run=commands.import_, mode="new")
 
     erase = add(
         "erase",
@@ -110,6 +163,26 @@ def _add_operations(subcommands: Any) -> None:
     erase.add_argument("session_ids", metavar="SESSION_ID", nargs="+")
     erase.add_argument("-y", "--yes", action="store_true", help="erase without asking")
     erase.set_defaults(run=commands.erase)
+
+    move = add(
+        "move",
+        "move sessions to another file: copy, compare item by item, then erase them here",
+        "store.move_sessions(session_ids, other_store)",
+        "OTHER.toml configures the target file as --config does the source (CITADEL_* variables "
+        "apply to both: a target that resolves to the source's file is refused). Every id is "
+        "checked first: one in neither file, or whose target holds other items, moves nothing "
+        "(exit 1). Each session is erased here, with a receipt, only once the target holds exactly "
+        "its items. If interrupted, run the same command again: it finishes the move.",
+        as_json,
+    )
+    move.add_argument("session_ids", metavar="SESSION_ID", nargs="+")
+    move.add_argument(
+        "--to-config", metavar="OTHER.toml", required=True, help="the TOML file of the target database"
+    )
+    move.add_argument(
+        "--create", action="store_true", help="create the target file if it does not exist (else it must)"
+    )
+    move.set_defaults(run=commands.move)
 
     add(
         "purge",

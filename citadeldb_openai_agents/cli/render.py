@@ -7,6 +7,8 @@ Text goes to stdout, warnings, problems and progress to stderr. Progress bars
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -15,7 +17,7 @@ from typing import Any
 
 from ..config import CheckReport
 from ..options import DEFAULT_CACHE_PAGES
-from ..results import Erasure, IntegrityReport, SessionSummary
+from ..results import Erasure, ExportSummary, ImportReport, IntegrityReport, MoveSummary, SessionSummary
 
 
 def print_check_report(report: CheckReport) -> None:
@@ -126,6 +128,51 @@ def print_receipt(session_id: str, erasure: Erasure, path: str, erased_at: datet
     print(f"  readback confirmed: {readback}")
 
 
+def move_dict(summary: MoveSummary, moved_at: datetime) -> dict[str, Any]:
+    erasure = summary.erasure
+    return {
+        "session_id": summary.session_id,
+        "source": summary.source,
+        "target": summary.target,
+        "items": summary.items,
+        "copied": summary.copied,
+        "already_in_target": summary.already_in_target,
+        "finished_before": summary.finished_before,
+        "erasure": None
+        if erasure is None
+        else {
+            k: v
+            for k, v in receipt_dict(summary.session_id, erasure, summary.source, moved_at).items()
+            if k not in ("session_id", "database")
+        },
+    }
+
+
+def print_move(summary: MoveSummary, moved_at: datetime) -> None:
+    if summary.erasure is None:
+        print(
+            f"session {summary.session_id!r} was already moved: {summary.target} holds its "
+            f"{count(summary.items, 'item')}, {summary.source} none (an earlier run copied and erased it)"
+        )
+        return
+    earlier = (
+        f" ({summary.already_in_target} were already there from an earlier run)"
+        if summary.already_in_target
+        else ""
+    )
+    print(
+        f"moved session {summary.session_id!r} from {summary.source} to {summary.target}: "
+        f"{count(summary.items, 'item')}, compared item by item"
+    )
+    print(f"  items copied now:   {summary.copied}{earlier}")
+    print(f"  erased at the source at {utc(moved_at)} UTC:")
+    readback = "yes (every erased item reads back as missing)" if summary.erasure.readback_confirmed else "NO"
+    print(f"  items erased:       {summary.erasure.items_erased}")
+    print(f"  regions dropped:    {summary.erasure.regions_dropped}")
+    print(f"  algorithm:          {summary.erasure.algorithm} (keys destroyed)")
+    print(f"  readback confirmed: {readback}")
+
+
 def integrity_dict(report: IntegrityReport) -> dict[str, Any]:
     return {
         "ok": report.ok,
@@ -214,6 +261,69 @@ def print_sessions(path: str, summaries: list[SessionSummary]) -> None:
         print(f"{row[0]:<{width}}  {row[1]:>{items_width}}  {row[2]:<19}  {row[3]}")
     total = sum(s.items for s in summaries)
     print(f"{count(len(summaries), 'session')}, {count(total, 'item')} in {path}")
+
+
+def import_dict(path: str, report: ImportReport) -> dict[str, Any]:
+    return {
+        "source": report.source,
+        "source_kind": report.kind,
+        "database": path,
+        "sessions": [
+            {
+                "session_id": session.session_id,
+                "items": session.items,
+                "written": session.written,
+                "already_held": session.already_held,
+                "replaced": session.replaced,
+            }
+            for session in report.sessions
+        ],
+        "items_written": report.written,
+        "rows_skipped": report.skipped,
+        "source_still_exists": True,
+        "delete_source": _shred(report.source),
+    }
+
+
+def print_import(path: str, report: ImportReport) -> None:
+    items = sum(session.items for session in report.sessions)
+    print(
+        f"imported {count(len(report.sessions), 'session')}, {count(items, 'item')} from {report.source} "
+        f"({report.kind}) into {path}"
+    )
+    held = sum(session.already_held for session in report.sessions)
+    if held:
+        print(f"  {count(report.written, 'item')} written now; {held} were already there from an earlier run")
+    replaced = sum(session.replaced for session in report.sessions)
+    if replaced:
+        print(f"  {count(replaced, 'session')} replaced: their previous items erased (keys destroyed)")
+    if report.skipped:
+        print(f"  {count(report.skipped, 'row')} skipped: not JSON (the SDK's own sessions skip them too)")
+    print(
+        f"note: the plaintext source still exists: {report.source}. Once you have checked the import "
+        "(`python -m citadeldb_openai_agents sessions`), delete it:\n"
+        f"  {_shred(report.source)}\n"
+        "  (shred cannot reach the copies a journaling or copy-on-write filesystem or an SSD keeps: "
+        "use rm there), and delete its backups and copies too: they hold the same conversations in plain text."
+    )
+
+
+def _shred(source: str) -> str:
+    # SQLite may keep part of the data in its -wal and -shm files beside the database.
+    companions = [
+        f"{source}{suffix}" for suffix in ("-wal", "-shm", "-journal") if os.path.exists(source + suffix)
+    ]
+    return "shred -u " + " ".join(shlex.quote(name) for name in [source, *companions])
+
+
+def print_export(path: str, summary: ExportSummary) -> None:
+    print(
+        f"exported {count(len(summary.sessions), 'session')}, {count(summary.items, 'item')} from {path} "
+        f"to {summary.destination}"
+    )
+    if summary.files:
+        print("  one JSON Lines file per session (mode 600); index.json maps the files to the session ids")
+    print("These are plaintext copies of the conversations: keep them safe, and delete them when done.")
 
 
 def print_json(data: Any) -> None:

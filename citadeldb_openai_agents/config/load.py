@@ -15,9 +15,10 @@ from ..embedders.protocol import Embedder
 from ..embedders.providers import EMBEDDER_PROVIDERS
 from ..errors import ConfigurationError, CorruptDatabaseError, DatabaseNotFoundError, WrongPassphraseError
 from ..hints import closest
+from ..offline import reembed, verify_file
 from ..results import IntegrityReport, Progress, ReembedSummary
 from ..storage.files import resolve_path
-from ..store import CitadelSessionStore, reembed, verify_file
+from ..store import CitadelSessionStore
 from .model import CitadelSettings
 from .provenance import KEY_FILE, SECRETS_DIRECTORY
 

@@ -164,6 +164,22 @@ class SharedFile:
         batch = uuid.uuid4().hex
         self._call("append", session_id, payloads, texts, from_user, expires_at, batch)
 
+    def append_batch(
+        self,
+        session_id: str,
+        payloads: list[str],
+        texts: list[str],
+        from_user: list[bool],
+        expires_at: int | None,
+        batch: str,
+    ) -> None:
+        """`append` under the caller's batch id, skipped if a batch with that id is already stored.
+
+        For a batch the caller may have sent before (an import's chunk, rerun): the id is
+        looked for where a batch just written is, the session's last two segments.
+        """
+        self._call("append", session_id, payloads, texts, from_user, expires_at, batch, resent=True)
+
     def newest(self, session_id: str, limit: int) -> list[str]:
         return self._call("newest", session_id, limit)  # type: ignore[no-any-return]
 
@@ -194,8 +210,10 @@ class SharedFile:
         newest = self._call("peek_newest", session_id)
         self._call("clear_through", session_id, 0 if newest is None else newest[0])
 
-    def erase(self, session_id: str) -> Erasure | None:
-        return self._call("erase", session_id)  # type: ignore[no-any-return]
+    def erase(self, session_id: str, expected: str | None = None) -> Erasure | None:
+        """Erase with a receipt; with `expected`, only if the session holds the items it digests (writes.py)."""
+        args = (session_id,) if expected is None else (session_id, expected)
+        return self._call("erase", *args)  # type: ignore[no-any-return]
 
     # -- every session --------------------------------------------------------------------
 
@@ -246,8 +264,9 @@ class SharedFile:
         self.check_process()
         return self._local
 
-    def _call(self, operation: str, *args: Any, progress: Progress | None = None) -> Any:
-        resent = False
+    def _call(
+        self, operation: str, *args: Any, progress: Progress | None = None, resent: bool = False
+    ) -> Any:
         while True:
             local = self._owned()
             if local is not None:

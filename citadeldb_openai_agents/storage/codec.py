@@ -8,6 +8,7 @@ plain-text projection of the item's content is derived, for search.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -43,6 +44,22 @@ def encode_item(item: Any, position: int) -> str:
         # A lone surrogate cannot be stored as UTF-8; the \\u escape round-trips it.
         text = json.dumps(item, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
     return text
+
+
+def encode_batch(items: list[Any]) -> tuple[list[str], list[str], list[bool]]:
+    """Items as the file stores them: JSON text, the text search indexes, and who said it."""
+    payloads = [encode_item(item, position) for position, item in enumerate(items)]
+    return payloads, [search_text(item) for item in items], [is_user_message(item) for item in items]
+
+
+def digest(payloads: list[str]) -> str:
+    """A digest of items as stored, in order (lengths framed, so no two lists collide)."""
+    hashed = hashlib.sha256()
+    for payload in payloads:
+        data = payload.encode("utf-8", "surrogatepass")
+        hashed.update(len(data).to_bytes(8, "big"))
+        hashed.update(data)
+    return hashed.hexdigest()
 
 
 def decode_item(payload: str) -> Any:

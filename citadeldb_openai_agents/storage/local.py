@@ -137,8 +137,8 @@ class LocalFile:
     def search(self, session_id: str, query: str, limit: int) -> list[str]:
         return self._on(session_id, reads.search, query, limit)
 
-    def erase(self, session_id: str) -> Erasure | None:
-        return self._on(session_id, writes.erase)
+    def erase(self, session_id: str, expected: str | None = None) -> Erasure | None:
+        return self._on(session_id, writes.erase, expected)
 
     def summary(self, session_id: str) -> tuple[int, int, int] | None:
         """(live items, first write, last write in µs) of a session; None when it holds none."""

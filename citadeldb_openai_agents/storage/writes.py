@@ -11,10 +11,20 @@ import citadeldb
 from citadeldb.memory import Memory
 
 from ..embedders.protocol import embed_documents
+from ..errors import MoveConflictError
 from ..results import Erasure
 from . import search_upkeep
-from .codec import BATCH_KIND, ITEM_KIND, SEARCH_KIND, decode_item, in_context, is_user_message, search_text
-from .reads import newest, newest_hit, newest_in
+from .codec import (
+    BATCH_KIND,
+    ITEM_KIND,
+    SEARCH_KIND,
+    decode_item,
+    digest,
+    in_context,
+    is_user_message,
+    search_text,
+)
+from .reads import all_items, newest, newest_hit, newest_in
 from .records import CATALOG_REGION
 from .search_blocks import block_atom, derive
 from .segments import ALL, SEGMENT_CAPACITY, SessionLayout, SessionState, now_micros
@@ -223,14 +233,25 @@ def clear(layout: SessionLayout, memory: Memory, state: SessionState) -> str | N
     return algorithm
 
 
-def erase(layout: SessionLayout, memory: Memory, state: SessionState) -> Erasure | None:
+def erase(
+    layout: SessionLayout, memory: Memory, state: SessionState, expected: str | None = None
+) -> Erasure | None:
     """`clear`, then read back through Citadel that every erased atom is gone.
 
     Dropping a region returns no receipt, so the evidence is gathered here: the
     ids of every stored item first, then, per dropped segment, a region of the
     same name is attached and Citadel's `verify` must call each of those ids
     ``missing`` (no row, no key). None when the file holds nothing for the session.
+
+    With `expected` (the `digest` of the items a move copied and compared), the session
+    is erased only if it still holds exactly those items: checked under the session's
+    lock, so no write can slip in between; else `MoveConflictError`, and nothing is erased.
     """
+    if expected is not None and digest(all_items(layout, memory, state)) != expected:
+        raise MoveConflictError(
+            f"session {state.session_id!r} changed after the move copied and compared it (an item "
+            "was added, popped or erased meanwhile); nothing was erased."
+        )
     if state.catalog_id is None and not state.segments:
         return None
     erased = {

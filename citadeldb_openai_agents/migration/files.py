@@ -1,0 +1,175 @@
+"""The import and export calls the operator commands make, each on an open store.
+
+`import_file` reads an SDK session file or an exported JSON Lines file and imports each
+session with `store.import_items`; `export_sqlite` and `export_all` write sessions out,
+through `store.export`, as the SDK's SQLite file or as one JSON Lines file per session.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from ..errors import ImportSourceError, SessionNotEmptyError, SessionNotFoundError
+from ..results import ExportSummary, ImportReport, ImportSummary, Progress
+from ..store import CitadelSessionStore
+from .jsonl import JsonlSource, write_session_files
+from .plan import CHUNK, IMPORT_MODES, ImportMode, as_stored, plan
+from .sdk_files import MESSAGES_TABLE, SESSIONS_TABLE, SqliteSource, is_sqlite, write_sqlite_file
+
+
+def import_file(
+    store: CitadelSessionStore,
+    source: str | os.PathLike[str],
+    *,
+    session_id: str | None = None,
+    sessions_table: str = SESSIONS_TABLE,
+    messages_table: str = MESSAGES_TABLE,
+    mode: ImportMode = "new",
+    progress: Progress | None = None,
+) -> ImportReport:
+    """Import every session of an SDK session file, or a JSON Lines file, into `store`.
+
+    Args:
+        source: An `agents.SQLiteSession` or `AdvancedSQLiteSession` file (read-only), or a
+            JSON Lines file as ``export`` writes it (then `session_id` names its session).
+        session_id: For a JSON Lines file, the session it holds; for an SDK file, the one
+            session to import (default: all).
+        mode: As `CitadelSessionStore.import_items`. With "new", every session is checked
+            before anything is written.
+        progress: Called with (items done, items) as the chunks are written.
+
+    Raises:
+        ImportSourceError: the source cannot be read (nothing was imported).
+        SessionNotEmptyError: mode "new" and sessions hold other items (each is named;
+            nothing was written).
+    """
+    if mode not in IMPORT_MODES:
+        raise ValueError(f"mode must be one of {', '.join(IMPORT_MODES)}, not {mode!r}")
+    reader = _open_source(source, session_id, sessions_table, messages_table)
+    try:
+        chosen = [(sid, count) for sid, count in reader.sessions() if session_id in (None, sid)]
+        if session_id is not None and not chosen:
+            raise ImportSourceError(f"{reader.path} holds no session {session_id!r}; nothing was imported.")
+        if mode == "new":
+            _refuse_occupied(store, reader, [sid for sid, _ in chosen])
+        total, done = sum(count for _, count in chosen), 0
+        imported: list[ImportSummary] = []
+        for sid, count in chosen:
+            step = None if progress is None else _offset(progress, done, total)
+            imported.append(store.import_items(sid, reader.items(sid), mode=mode, progress=step))
+            done += count
+            if progress is not None:
+                progress(done, total)
+        return ImportReport(reader.path, reader.kind, imported, reader.skipped)
+    finally:
+        reader.close()
+
+
+def export_sqlite(
+    store: CitadelSessionStore,
+    destination: str | os.PathLike[str],
+    session_ids: list[str] | None = None,
+    *,
+    progress: Progress | None = None,
+) -> ExportSummary:
+    """Write sessions (default: every one) to a new file that `agents.SQLiteSession` reads as its own.
+
+    The file gets the SDK's schema and default table names, mode 600; an existing one is
+    never replaced. `progress(sessions done, sessions)` after each session.
+
+    Raises:
+        ExportExistsError: `destination` exists; nothing was written.
+        SessionNotFoundError: a named session holds no live item; nothing was written.
+    """
+    summaries = store.sessions() if session_ids is None else _named(store, session_ids)
+    counts: dict[str, int] = {}
+
+    def sessions() -> Iterator[tuple[str, list[Any], datetime, datetime]]:
+        for done, summary in enumerate(summaries, 1):
+            items = store.export(summary.session_id)
+            counts[summary.session_id] = len(items)
+            yield summary.session_id, items, summary.first_write, summary.last_write
+            if progress is not None:
+                progress(done, len(summaries))
+
+    write_sqlite_file(destination, sessions())
+    return ExportSummary(str(Path(destination).expanduser().absolute()), counts)
+
+
+def export_all(
+    store: CitadelSessionStore,
+    directory: str | os.PathLike[str],
+    session_ids: list[str] | None = None,
+    *,
+    progress: Progress | None = None,
+) -> ExportSummary:
+    """Write each session (default: every one) to its own JSON Lines file in `directory`, mode 600.
+
+    File names are safe whatever the id (jsonl.py); ``index.json`` maps them to the ids.
+    Every target is checked first: if one exists, nothing is written.
+
+    Raises:
+        ExportExistsError: a target file exists; nothing was written.
+        SessionNotFoundError: a named session holds no live item; nothing was written.
+    """
+    ids = store.session_ids() if session_ids is None else [s.session_id for s in _named(store, session_ids)]
+    written = write_session_files(directory, ids, store.export, progress)
+    return ExportSummary(
+        str(Path(directory).expanduser().absolute()),
+        {sid: count for sid, (_, count) in written.items()},
+        {sid: name for sid, (name, _) in written.items()},
+    )
+
+
+def _open_source(
+    source: str | os.PathLike[str], session_id: str | None, sessions_table: str, messages_table: str
+) -> SqliteSource | JsonlSource:
+    if not os.path.isfile(source):
+        raise ImportSourceError(
+            f"there is no file {os.path.abspath(source)} to import; nothing was imported."
+        )
+    if is_sqlite(source):
+        return SqliteSource(source, sessions_table=sessions_table, messages_table=messages_table)
+    if session_id is None:
+        raise ImportSourceError(
+            f"{os.path.abspath(source)} is not a SQLite file, so it is read as JSON Lines, which hold "
+            "one session's items: name that session with --session-id (session_id=)."
+        )
+    return JsonlSource(source, session_id)
+
+
+def _refuse_occupied(store: CitadelSessionStore, reader: SqliteSource | JsonlSource, ids: list[str]) -> None:
+    """Mode "new": every target session is empty, or holds this very import's first chunks."""
+    occupied = []
+    for sid in ids:
+        if store.summary(sid) is None:
+            continue
+        held, incoming = as_stored(store.export(sid)), as_stored(reader.items(sid))
+        if plan(held, incoming, "new", CHUNK).refused:
+            occupied.append(sid)
+    if occupied:
+        raise SessionNotEmptyError(
+            f"{len(occupied)} session{'s' if len(occupied) > 1 else ''} in {store.path} already "
+            f"hold{'s' if len(occupied) == 1 else ''} other items: {', '.join(map(repr, occupied[:5]))}"
+            f"{' ...' if len(occupied) > 5 else ''}; nothing was written. Add the import after them "
+            "(--append), or erase them first (--replace)."
+        )
+
+
+def _named(store: CitadelSessionStore, session_ids: list[str]) -> list[Any]:
+    found = {sid: store.summary(sid) for sid in dict.fromkeys(session_ids)}
+    unknown = [sid for sid, summary in found.items() if summary is None]
+    if unknown:
+        raise SessionNotFoundError(
+            f"no session {', '.join(map(repr, unknown))} with live items in {store.path}; nothing was "
+            "exported. `python -m citadeldb_openai_agents sessions` lists them."
+        )
+    return list(found.values())
+
+
+def _offset(progress: Progress, before: int, total: int) -> Progress:
+    return lambda done, _: progress(before + done, total)

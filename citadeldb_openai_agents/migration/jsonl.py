@@ -1,0 +1,118 @@
+"""JSON Lines, as the export command writes them: one session's file read back, and one file per session.
+
+Every session gets a file whose name is safe on any filesystem whatever its id (any
+unicode, ``/``, thousands of characters, ids equal but for case): the id's readable
+characters kept, the rest percent-encoded, cut short, then a digest of the whole id.
+``index.json`` maps each file to its session id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from ..errors import ExportExistsError, ImportSourceError
+from ..results import Progress
+
+INDEX = "index.json"
+_READABLE = 48  # characters of the escaped id kept in a file name, before its digest
+
+
+def json_line(item: Any) -> bytes:
+    """An item as one line of UTF-8 JSON, keys in stored order (a lone surrogate \\u-escaped)."""
+    try:
+        return (json.dumps(item, ensure_ascii=False) + "\n").encode()
+    except UnicodeEncodeError:
+        return (json.dumps(item) + "\n").encode()
+
+
+class JsonlSource:
+    """A JSON Lines file of one session's items (what ``export`` writes), for an import."""
+
+    kind = "JSON Lines file"
+    skipped = 0
+
+    def __init__(self, path: str | os.PathLike[str], session_id: str) -> None:
+        self.path = os.path.abspath(path)
+        self.session_id = session_id
+        self._items: list[Any] = []
+        with open(self.path, encoding="utf-8") as file:
+            for number, line in enumerate(file, 1):
+                if not line.strip():
+                    continue
+                try:
+                    self._items.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ImportSourceError(
+                        f"{self.path}, line {number}, is not JSON ({exc.msg}); nothing was imported. "
+                        "An import reads JSON Lines as `export` writes them: one item per line."
+                    ) from None
+
+    def sessions(self) -> list[tuple[str, int]]:
+        return [(self.session_id, len(self._items))]
+
+    def items(self, session_id: str) -> list[Any]:
+        return self._items if session_id == self.session_id else []
+
+    def close(self) -> None:
+        self._items = []
+
+
+def file_name(session_id: str) -> str:
+    """A file name for a session: its id made safe and short, and a digest of the whole id."""
+    escaped = quote(session_id, safe="").replace("%", "_")[:_READABLE] or "session"
+    if escaped.startswith("."):
+        escaped = "_" + escaped[1:]
+    digest = hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{escaped}.{digest}.jsonl"
+
+
+def write_session_files(
+    directory: str | os.PathLike[str],
+    session_ids: list[str],
+    read: Callable[[str], list[Any]],
+    progress: Progress | None = None,
+) -> dict[str, tuple[str, int]]:
+    """Write each session's items to its own file in `directory`, and the index; mode 600.
+
+    Every target is checked before anything is written: if one exists, nothing is.
+    Returns each session id with its file name and item count.
+
+    Raises:
+        ExportExistsError: a target file exists; nothing was written.
+    """
+    folder = Path(directory).expanduser().absolute()
+    names = {session_id: file_name(session_id) for session_id in session_ids}
+    existing = [name for name in [*names.values(), INDEX] if (folder / name).exists()]
+    if existing:
+        shown = ", ".join(existing[:3]) + (f" and {len(existing) - 3} more" if len(existing) > 3 else "")
+        raise ExportExistsError(
+            f"refusing to overwrite {shown} in {folder}: nothing was written. Choose a new or empty "
+            "directory (an export never replaces a file)."
+        )
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    written: dict[str, tuple[str, int]] = {}
+    for done, session_id in enumerate(session_ids, 1):
+        items = read(session_id)
+        _write_new(folder / names[session_id], b"".join(json_line(item) for item in items))
+        written[session_id] = (names[session_id], len(items))
+        if progress is not None:
+            progress(done, len(session_ids))
+    index = [{"file": name, "session_id": sid, "items": count} for sid, (name, count) in written.items()]
+    _write_new(folder / INDEX, json_line(index))
+    return written
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    # O_EXCL: a file that appeared since the check is still never replaced.
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise ExportExistsError(f"refusing to overwrite {path}: it appeared during the export") from None
+    with open(descriptor, "wb") as file:
+        file.write(data)
