@@ -72,8 +72,9 @@ class HookSpy:
         monkeypatch.setattr(CitadelSession, "_get_compaction_snapshot", spy)
 
 
-async def run_turns(underlying: Any) -> tuple[list[str], FakeResponses]:
-    """TURNS runs of a scripted agent through a compaction session; the stored history (as JSON text) after each."""
+async def run_turns(underlying: Any, outer: Any = None) -> tuple[list[str], FakeResponses]:
+    """TURNS runs of a scripted agent through a compaction session (inside `outer(session)`, if given);
+    the stored history (as JSON text, read through the outermost session) after each."""
     responses = FakeResponses()
     session = OpenAIResponsesCompactionSession(
         underlying.session_id,
@@ -84,11 +85,12 @@ async def run_turns(underlying: Any) -> tuple[list[str], FakeResponses]:
     )
     steps = [ModelStep.respond(lambda call, n=n: [assistant_message(f"answer {n}")]) for n in range(TURNS)]
     agent = Agent(name="assistant", instructions="Be brief.", model=ScriptedModel(steps))
+    reader = underlying if outer is None else outer(session)
     histories = []
     for turn in range(TURNS):
-        await Runner.run(agent, f"question {turn}", session=session)
+        await Runner.run(agent, f"question {turn}", session=session if outer is None else reader)
         # As JSON text: key order counts too.
-        histories.append(json.dumps(await underlying.get_items(limit=EVERYTHING)))
+        histories.append(json.dumps(await reader.get_items(limit=EVERYTHING)))
     return histories, responses
 
 
@@ -111,6 +113,28 @@ async def test_compaction_stores_what_it_stores_over_sqlite_session(
         assert spy.replaced and all(spy.replaced)
     else:
         assert spy.calls == []  # an SDK before the hook: its clear-and-add fallback, same history
+    assert store.verify().ok
+
+
+# Before the hook, EncryptedSession's compaction sent its ciphertexts (random IVs) to be compacted.
+@pytest.mark.skipif(not SDK_HAS_THE_HOOK, reason="this SDK has no compaction hook")
+async def test_encrypted_session_over_citadel_compacts_as_over_sqlite_session(
+    store: CitadelSessionStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`EncryptedSession` calls the hook with ``prune_prefix`` (its expired items): same history."""
+    pytest.importorskip("cryptography")
+    from agents.extensions.memory import EncryptedSession
+
+    def encrypted(session: Any) -> Any:
+        return EncryptedSession("user-1", session, encryption_key="k" * 44, ttl=3600)
+
+    spy = HookSpy(monkeypatch)
+    citadel, compacted = await run_turns(store.session("user-1"), encrypted)
+    sqlite, reference = await run_turns(SQLiteSession("user-1", tmp_path / "sdk.db"), encrypted)
+    assert citadel == sqlite
+    assert len(compacted.calls) == len(reference.calls) >= 2
+    assert spy.calls and all(callable(kwargs.get("prune_prefix")) for _, kwargs in spy.calls)
+    assert spy.replaced and all(spy.replaced)
     assert store.verify().ok
 
 
