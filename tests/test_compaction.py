@@ -239,6 +239,44 @@ async def test_a_replacement_across_segments_erases_the_segments_it_empties(
 
 
 @pytest.mark.skipif(not SDK_HAS_THE_HOOK, reason="this SDK has no compaction hook")
+@pytest.mark.parametrize("stop", ["before the commit point", "after the commit point"])
+async def test_a_replacement_interrupted_is_undone_or_finished_when_the_file_opens(
+    make_store, monkeypatch: pytest.MonkeyPatch, stop: str
+) -> None:
+    """The crash test's two outcomes, each made certain: a process dies right before the new items
+    are written (the record announces the replacement), or right after (nothing is erased yet)."""
+    from citadeldb_openai_agents.storage import compaction
+
+    store = make_store()
+    session = store.session("s")
+    await session.add_items([{"n": n} for n in range(5)])
+    [(region, ids)] = stored_ids(store, "s").items()
+    snapshot = await session._get_compaction_snapshot(3)
+
+    def die(*args: Any) -> None:
+        raise SystemExit("killed")
+
+    monkeypatch.setattr(compaction, "append" if stop.startswith("before") else "_finish", die)
+    with pytest.raises(SystemExit):
+        await snapshot.replace_suffix(0, [{"summary": 1}])
+    assert store._file._local._layout.state("s").record.replacing is not None
+    store.close()
+    monkeypatch.undo()
+    reopened = make_store()
+    items = await reopened.session("s").get_items()
+    verdicts = [a.verdict for a in memory_of(reopened).verify(region, ids)]
+    if stop.startswith("before"):
+        assert items == [{"n": n} for n in range(5)]
+        assert verdicts == ["authentic"] * 5
+    else:
+        assert items == [{"n": 0}, {"n": 1}, {"summary": 1}]
+        assert verdicts == ["authentic"] * 2 + ["missing"] * 3
+    record = reopened._file._local._layout.state("s").record
+    assert (record.replacing, record.erasing) == (None, [])
+    assert reopened.verify().ok
+
+
+@pytest.mark.skipif(not SDK_HAS_THE_HOOK, reason="this SDK has no compaction hook")
 async def test_prune_prefix_erases_the_oldest_items_it_accepts_in_the_same_replacement(
     store: CitadelSessionStore,
 ) -> None:
