@@ -388,3 +388,39 @@ async def test_compaction_works_through_a_client_process(db_path: Path) -> None:
     finally:
         if service.process.poll() is None:
             service.stop()
+
+
+@pytest.mark.skipif(not SDK_HAS_THE_HOOK, reason="this SDK has no compaction hook")
+async def test_a_replacement_whose_answer_was_lost_is_sent_again_and_made_once(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The owner made the replacement but its answer never came back: the client sends it again
+    to the owner, which finds it made (its batch id) and answers True without making it twice."""
+    from citadeldb_openai_agents.serving.client import OwnerGone, RemoteOwner
+
+    service = Service(db_path)
+    try:
+        with CitadelSessionStore(db_path, KEY) as client:
+            session = client.session("s")
+            await session.add_items([{"n": n} for n in range(5)])
+            real, sent = RemoteOwner.call, []
+
+            def answer_lost(
+                self: RemoteOwner, operation: str, args: tuple[Any, ...], progress: Any = None
+            ) -> Any:
+                result = real(self, operation, args, progress)
+                if operation == "replace_suffix":
+                    sent.append((args[-2], args[-1]))  # (batch id, sent again)
+                    if len(sent) == 1:
+                        raise OwnerGone("the connection dropped before the answer")
+                return result
+
+            monkeypatch.setattr(RemoteOwner, "call", answer_lost)
+            snapshot = await session._get_compaction_snapshot(3)
+            assert await snapshot.replace_suffix(1, [{"summary": 1}])
+            (batch, first), (again, resent) = sent
+            assert (again, first, resent) == (batch, False, True)
+            assert client.served_by == service.pid  # still the owner's client
+            assert await session.get_items() == [{"n": 0}, {"n": 1}, {"n": 2}, {"summary": 1}]
+    finally:
+        service.stop()
