@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from agents.memory import SessionSettings
 from agents.memory.session_settings import resolve_session_limit
 
+from .compaction import compaction_snapshot, replace_all
 from .errors import SessionClosedError
 from .store import CitadelSessionStore
 from .tool import search_tool
@@ -139,6 +140,28 @@ class CitadelSession:
         if limit <= 0:
             return []
         return await asyncio.to_thread(self._store._search, self.session_id, query, limit)
+
+    async def _get_compaction_snapshot(
+        self, limit: Any, *args: Any, prune_prefix: Any = None, **kwargs: Any
+    ) -> Any:
+        """The SDK's private compaction hook: the newest `limit` items and an atomic ``replace_suffix``.
+
+        `OpenAIResponsesCompactionSession` calls it (openai-agents 0.24) to replace a run's
+        items with their compacted form. ``replace_suffix(start, output)`` returns False, and
+        changes nothing, when those items changed since; a crash leaves the old items or the
+        new ones, never neither and never both; the replaced items' keys are destroyed, as
+        `pop_item` destroys them. A call of a shape this version does not know returns None:
+        the SDK then uses its fallback (`clear_session` then `add_items`).
+        """
+        self._check_open()
+        unexpected = bool(args or kwargs)
+        return await compaction_snapshot(self._store, self.session_id, limit, prune_prefix, unexpected)
+
+    async def _atomic_replace_items(self, items: list[TResponseInputItem]) -> bool:
+        """The SDK's private hook for a manual ``run_compaction()``: every item replaced at once, crash-safe."""
+        self._check_open()
+        replace = asyncio.to_thread(replace_all, self._store, self.session_id, list(items))
+        return await _complete_despite_cancellation(replace)
 
     def search_tool(self, name: str = "search_history", limit: int = 5) -> FunctionTool:
         """This session's `search` as an SDK `FunctionTool`, for the agent that uses the session.

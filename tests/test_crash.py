@@ -94,10 +94,14 @@ WRITERS = textwrap.dedent(
 class Writers:
     """The process that forks writers; each writer appends until it is killed."""
 
-    def __init__(self, path: Path, log: Path) -> None:
+    def __init__(
+        self, path: Path, log: Path, script: str = WRITERS, args: tuple[str, ...] | None = None
+    ) -> None:
+        """`script` (default: the writers above) gets the file, the passphrase and `args`."""
         self._log = open(log, "w")  # noqa: SIM115 - closed in `close`
+        args = (",".join(APPENDED), CHURNED, POPPED) if args is None else args
         self.process = subprocess.Popen(
-            [sys.executable, "-c", WRITERS, str(path), KEY, ",".join(APPENDED), CHURNED, POPPED],
+            [sys.executable, "-c", script, str(path), KEY, *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,

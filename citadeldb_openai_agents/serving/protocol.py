@@ -53,6 +53,9 @@ OPERATIONS = {
     "peek_newest": True,
     "pop_if_newest": True,  # names the atom: popping it again finds it gone
     "clear_through": True,  # names the newest atom to erase: erasing again finds them gone
+    "newest_rows": True,
+    "oldest_rows": True,
+    "replace_suffix": True,  # carries a batch id, like append
     "erase": False,  # its receipt is lost with the owner; the operator reruns it
     "summary": True,
     "session_ids": True,

@@ -180,6 +180,16 @@ class SharedFile:
         """
         self._call("append", session_id, payloads, texts, from_user, expires_at, batch, resent=True)
 
+    def newest_rows(self, session_id: str, limit: int) -> tuple[list[tuple[int, str]], bool]:
+        return self._call("newest_rows", session_id, limit)  # type: ignore[no-any-return]
+
+    def oldest_rows(self, session_id: str, after: int, before: int, limit: int) -> list[tuple[int, str]]:
+        return self._call("oldest_rows", session_id, after, before, limit)  # type: ignore[no-any-return]
+
+    def replace_suffix(self, session_id: str, *args: Any) -> bool:
+        """`storage.compaction.replace_suffix` under a new batch id: safe to send again."""
+        return self._call("replace_suffix", session_id, *args, uuid.uuid4().hex)  # type: ignore[no-any-return]
+
     def newest(self, session_id: str, limit: int) -> list[str]:
         return self._call("newest", session_id, limit)  # type: ignore[no-any-return]
 
@@ -279,13 +289,15 @@ class SharedFile:
                     return local.append(
                         session_id, payloads, texts, from_user, expires_at, batch, resent=True
                     )
+                if operation == "replace_suffix":
+                    return local.replace_suffix(*args, resent)
                 function: Callable[..., Any] = getattr(local, operation)
                 return function(*args, progress=progress) if progress is not None else function(*args)
             remote = self._remote
             try:
                 if remote is None:
                     raise OwnerGone("not connected")
-                call_args = (*args, resent) if operation == "append" else args
+                call_args = (*args, resent) if operation in ("append", "replace_suffix") else args
                 return remote.call(operation, call_args, progress)
             except OwnerGone:
                 if not OPERATIONS[operation]:

@@ -29,7 +29,7 @@ from ..errors import (
     WrongPassphraseError,
 )
 from ..results import Erasure, IntegrityReport, Progress, ReembedSummary, SessionIntegrity
-from . import reads, registry, writes
+from . import compaction, reads, registry, writes
 from .audit import ATOM_KEYS, audit, check_before_memory, inventory_of
 from .engine import OpenDatabase, audit_chain, backup_with_audit, database_options, rotate
 from .files import copy_watched, database_files, resolve_path
@@ -121,6 +121,16 @@ class LocalFile:
 
     def clear_through(self, session_id: str, atom: int) -> None:
         self._on(session_id, writes.clear_through, atom)
+
+    def newest_rows(self, session_id: str, limit: int) -> tuple[list[tuple[int, str]], bool]:
+        return self._on(session_id, compaction.newest_rows, limit)
+
+    def oldest_rows(self, session_id: str, after: int, before: int, limit: int) -> list[tuple[int, str]]:
+        return self._on(session_id, compaction.oldest_rows, after, before, limit)
+
+    def replace_suffix(self, session_id: str, *args: Any) -> bool:
+        """`compaction.replace_suffix`: expected rows, payloads, texts, from_user, expires_at, prune, batch, resent."""
+        return self._on(session_id, compaction.replace_suffix, *args)
 
     def newest(self, session_id: str, limit: int) -> list[str]:
         return self._on(session_id, reads.newest, limit)
@@ -384,6 +394,7 @@ def _shared_layout(database: OpenDatabase, embedder: Embedder) -> SessionLayout:
         if layout is None:
             with database.operation() as memory:
                 layout = SessionLayout(memory, embedder, database.audit, database.region_rows, database.path)
+                compaction.recover(layout, memory)  # before any read: old suffix or new, never both
             database.layout = layout
             database.before_close = lambda memory: store_all_pending(layout, memory)
         elif layout.identity != EmbedderIdentity.of(embedder):

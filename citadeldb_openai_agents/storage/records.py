@@ -72,6 +72,9 @@ class CatalogRecord:
     next_segment: int = 0
     erasing: list[int] = field(default_factory=list)
     clearing: bool = False
+    # The batch id of a replacement under way (compaction.py): its new items and this id
+    # are written in one batch, then the items in `erasing` are forgotten.
+    replacing: str | None = None
 
     def to_payload(self) -> dict[str, Any]:
         payload: dict[str, Any] = {
@@ -80,6 +83,8 @@ class CatalogRecord:
             "erasing": self.erasing,
             "clearing": self.clearing,
         }
+        if self.replacing is not None:
+            payload["replacing"] = self.replacing
         try:
             self.session_id.encode("utf-8")
             payload["session"] = self.session_id
@@ -102,4 +107,5 @@ class CatalogRecord:
             next_segment=int(payload["next"]),
             erasing=list(payload.get("erasing", ())),
             clearing=bool(payload.get("clearing")),
+            replacing=payload.get("replacing"),
         )
