@@ -292,3 +292,29 @@ def test_search_through_a_client_matches_the_owner(tmp_path: Path, limit: int) -
             check=True,
         )
     assert json.loads(done.stdout) == expected and expected[0] == turn("s", 23)
+
+
+def test_a_compaction_erases_the_search_data_of_what_it_replaces(tmp_path: Path) -> None:
+    path = tmp_path / "agent.cdl"
+    with CitadelSessionStore(path, KEY, argon2_profile="iot") as store:
+        write(store, "s", 12)
+        prefix = prefix_of(store, "s")
+    before = FileContents(path, prefix)
+    replaced = sorted(before.items)[8:]  # the last block's four items
+    blocks = block_holding(before, path, replaced[0])
+
+    async def compact() -> list[Any]:
+        with CitadelSessionStore(path, KEY) as store:
+            session = store.session("s")
+            snapshot = await session._get_compaction_snapshot(4)
+            if snapshot is None:
+                pytest.skip("this SDK has no compaction hook")
+            assert await snapshot.replace_suffix(0, [{"role": "assistant", "content": "summary of 8 to 11"}])
+            assert indexed(store, "s").isdisjoint(replaced)
+            return await session.search("summary", limit=1)
+
+    assert asyncio.run(compact()) == [{"role": "assistant", "content": "summary of 8 to 11"}]
+    after = FileContents(path, prefix)
+    after.assert_one_entry_per_live_item()
+    assert len(after.items) == 9
+    assert FileContents.verdicts(path, blocks) == {"missing"}

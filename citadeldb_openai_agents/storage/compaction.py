@@ -8,8 +8,8 @@ every write does (records.py):
 1. the record names the batch (``replacing``) and the items to erase (``erasing``);
 2. the new items and a write marker holding the batch id go in one `remember_batch`:
    that commit is the replacement's commit point;
-3. the old items are forgotten (keys destroyed, as a pop does), a segment they empty
-   dropped;
+3. the old items are forgotten with their search data (keys destroyed, as a pop does),
+   a segment they empty dropped;
 4. the record forgets the batch.
 
 A crash before 2 leaves the old suffix (the marker is not stored: `recover` undoes the
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from citadeldb.memory import AtomHit, Memory
 
+from . import search_upkeep
 from .codec import ITEM_KIND
 from .reads import newest_in
 from .segments import SessionLayout, SessionState
@@ -152,7 +153,10 @@ def erase_items(layout: SessionLayout, memory: Memory, state: SessionState, atom
         if here and len(here) == len(hits) and not tail:
             layout.drop_segment(memory, state, number)  # its keys go with it (tests/test_erasure.py)
         elif here:
-            memory.forget(layout.region(memory, state, number), here)
+            # Their search data goes in the same forget (search_upkeep.take_out).
+            blocks = search_upkeep.take_out(layout, memory, state, number, here)
+            memory.forget(layout.region(memory, state, number), here + blocks)
+            search_upkeep.store_pending(layout, memory, state, number)
             if tail:
                 state.tail_ids = None
                 state.tail_stored = max(0, state.tail_stored - len(here))
