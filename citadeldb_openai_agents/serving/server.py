@@ -15,6 +15,7 @@ import os
 import socket
 import struct
 import threading
+import weakref
 from collections.abc import Callable
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from typing import Any
@@ -28,6 +29,7 @@ log = logging.getLogger("citadeldb_openai_agents")
 
 HANDSHAKE_SECONDS = 5.0  # a peer must prove itself within this, or it is dropped
 _SO_PEERCRED = getattr(socket, "SO_PEERCRED", None)
+_servers: weakref.WeakSet[Server] = weakref.WeakSet()  # this process's, for `_after_fork_in_child`
 
 
 class Server:
@@ -50,8 +52,10 @@ class Server:
         self._owner_pid = current_pid()
         self._closed = threading.Event()
         self._clients: set[socket.socket] = set()
+        self._connections: set[Connection] = set()  # the clients' sockets, as `_calls` reads them
         self._lock = threading.Lock()
         self._listener = _listen(address)
+        _servers.add(self)
         self._thread = threading.Thread(target=self._accept, name="citadel-serve", daemon=True)
         self._thread.start()
         log.info("serving %s to other processes on %s", file.path, address)
@@ -99,6 +103,8 @@ class Server:
             # non-blocking, which the connection's plain reads do not expect).
             _receive_timeout(peer, HANDSHAKE_SECONDS)
             connection = Connection(os.dup(peer.fileno()))
+            with self._lock:
+                self._connections.add(connection)
             hello = self._handshake(connection, who)
             if hello is None:
                 return
@@ -112,6 +118,7 @@ class Server:
         finally:
             with self._lock:
                 self._clients.discard(peer)
+                self._connections.discard(connection)
             if connection is not None:
                 connection.close()
             peer.close()
@@ -182,6 +189,25 @@ def _reporter(connection: Connection) -> Callable[[int, int], None]:
         connection.send(("progress", done, total))
 
     return progress
+
+
+def _after_fork_in_child() -> None:
+    # A forked child that kept its copies of the owner's sockets would keep them open after
+    # the owner died: the listening one accepting connections whose handshake no one answers,
+    # a client's call waiting forever for a reply instead of seeing the owner gone (gunicorn
+    # --preload's workers outlive a killed master, and a worker it forks to replace one
+    # inherits every connection the master serves). Closing the child's copies, without a
+    # shutdown, changes nothing for the parent, which goes on serving; its threads are not here.
+    for server in list(_servers):
+        server._listener.close()
+        for peer in list(server._clients):
+            peer.close()
+        for connection in list(server._connections):
+            connection.close()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _listen(address: str) -> socket.socket:

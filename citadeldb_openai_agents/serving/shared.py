@@ -247,6 +247,7 @@ class SharedFile:
 
     def _call(self, operation: str, *args: Any, progress: Progress | None = None) -> Any:
         resent = False
+        deadline: float | None = None
         while True:
             local = self._owned()
             if local is not None:
@@ -275,12 +276,16 @@ class SharedFile:
                         "sessions` (or verify) shows what the file holds; run it again if it was not done."
                     ) from None
                 resent = True
+                if deadline is None:
+                    # Counted from this call's first failure, not once it gets the lock: calls queued
+                    # behind another's handover that found no owner must not each wait anew.
+                    deadline = time.monotonic() + HANDOVER_SECONDS
                 with self._lock:
                     if self._remote is remote:
                         self._remote = None
                         if remote is not None:
                             remote.close()
-                        self._attach(time.monotonic() + HANDOVER_SECONDS)
+                        self._attach(deadline)
 
     def _attach(self, deadline: float) -> None:
         """Own the file (and serve it), or become a client of the process that does."""
