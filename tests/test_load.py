@@ -27,7 +27,7 @@ after it committed it and before it answered (sent again, it must not be stored 
 The default run kills the owning uvicorn worker twice, once at each moment, and
 gunicorn's master once; the slow variant kills ten times, in turn at each moment and
 whenever the kill lands (ten gunicorn runs on one file, since a killed master ends the
-server); about 5 minutes on 2 cores:
+server); about 7 minutes on 2 shared cores (the default run: about 100 s):
 
     python -m pytest -m slow tests/test_load.py
 """
