@@ -423,6 +423,13 @@ def test_gunicorn_preload_keeps_every_acknowledged_turn_when_the_master_is_kille
         # Each request in flight when the master died is answered or fails; none hangs.
         hung = [turn for turn in load.failed() if turn.outcome == "TimeoutError"]
         assert not hung and ended < STOP_SECONDS, (ended, hung)
+        # A request fails as the killed worker's dropped connection, or with an error naming the fix.
+        outcomes = {turn.outcome for turn in load.failed()}
+        assert outcomes <= {"RemoteDisconnected", "ConnectionResetError", "500 DatabaseLockedError"}, outcomes
+        failures = [line for line in server.text().splitlines() if "turn failed" in line]
+        assert all("Restart the whole server" in line for line in failures), failures
+        if MOMENTS[kill % len(MOMENTS)] is not None:
+            assert failures, "the turn whose write the master held was answered"
     assert_every_acknowledged_turn_stored(database, load)
 
 

@@ -290,6 +290,7 @@ class SharedFile:
     def _attach(self, deadline: float) -> None:
         """Own the file (and serve it), or become a client of the process that does."""
         locked: DatabaseLockedError | None = None
+        parent: int | None = None  # the process this one was forked from, when it held the file
         while True:
             try:
                 local = LocalFile(
@@ -308,10 +309,11 @@ class SharedFile:
                         holder=exc.holder,
                     ) from None
                 locked = exc
-            except ForkedStoreError:
+            except ForkedStoreError as exc:
                 # A child forked while its parent held the file: the parent serves it, or nobody.
                 if not self._serve or not serves(self._resolved):
                     raise
+                parent = exc.owner_pid
                 locked = DatabaseLockedError(f"{self._resolved} is held by the parent of this process.")
             else:
                 if self._serve:
@@ -333,6 +335,14 @@ class SharedFile:
                     socket_path(self._resolved), bytes(self._authkey.value), self._hello(), self._resolved
                 )
             except OwnerGone:
+                if time.monotonic() > deadline and parent is not None:
+                    raise DatabaseLockedError(
+                        f"{self._resolved} was served to this process by its parent, process {parent}, "
+                        f"and no process has served it for {HANDOVER_SECONDS:g} s: the parent is gone or "
+                        "stuck. This process and the others forked from that parent still hold the file's "
+                        "lock through the copy they inherited, so none of them can take the file over. "
+                        "Restart the whole server, all its processes (gunicorn: its master and workers)."
+                    ) from None
                 if time.monotonic() > deadline:
                     raise DatabaseLockedError(
                         f"{locked} It did not serve the file within {HANDOVER_SECONDS:g} s: it is not "
