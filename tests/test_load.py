@@ -15,8 +15,8 @@ Under uvicorn the owner is one of the workers (the process holding the file's lo
 killed, another worker takes the file over and uvicorn starts a new worker, which
 becomes a client. Under gunicorn --preload the owner is the master: killed, its workers
 hold its file (and its lock) by inheritance and cannot take it over, so the test stops
-sending; each request in flight must end, answered or failed, within the handover time,
-never hang. An operator's ``erase`` mid-load gets a confirmed receipt, and no other
+sending; each request in flight must end, answered or failed (with an error that says to
+restart the whole server), within its handover wait: none may hang. An operator's ``erase`` mid-load gets a confirmed receipt, and no other
 session loses an item.
 
 The kills land at the worst moments for a write in flight (the app's
