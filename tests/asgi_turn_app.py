@@ -1,18 +1,27 @@
-"""A small ASGI agent app for tests/test_fork.py: one agent turn per request, no web framework.
+"""A small ASGI agent app for tests/test_fork.py and tests/test_load.py: one agent turn per request.
 
 It opens its store at import, from ``CITADEL_*`` variables, as an app does with a
 module-level ``store = from_config()``: under ``gunicorn --preload`` the master opens
 it and the workers inherit it. ``POST /turn?session=<id>`` with the user's text as the
 body runs one `Runner.run` turn (a `ScriptedModel`: no network, no API key) against
 ``store.session(id)`` and answers 200 with the session's item count, or 500 with the
-error's type, which it also logs (stderr, through the "turn_app" logger).
+error's type, which it also logs (stderr, through the "turn_app" logger). No web framework.
+
+With ``TURN_APP_HOLD_SWITCH`` set to a path, the process that owns the file holds still
+in a write another process sent it, once per time a file appears at that path (renamed to
+``<path>.held`` when it holds): just before it commits the write if the file says
+"before", just after it committed it, before it answers, if it says "after". Those are
+the moments at which tests/test_load.py kills the owner: a write in flight that must be
+sent again, and one that must not be applied twice.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
+import os
 import sys
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs
@@ -21,12 +30,45 @@ from agents import Agent, Runner, set_tracing_disabled
 from agents.testing import ScriptedModel, assistant_message
 
 from citadeldb_openai_agents import from_config
+from citadeldb_openai_agents.storage.local import LocalFile
 
 set_tracing_disabled(True)
 
 log = logging.getLogger("turn_app")
 log.addHandler(logging.StreamHandler(sys.stderr))
 log.setLevel(logging.INFO)
+
+
+def hold_served_writes(switch: str) -> None:
+    """In the owner, stop in a write a client sent, once per switch file (see above)."""
+    commit = LocalFile.append
+
+    def append(self: LocalFile, *args: Any, **kwargs: Any) -> None:
+        # Only a write this process serves (serving/server.py names the thread), not its own.
+        served = threading.current_thread().name == "citadel-client"
+        if served and _switched(switch, "before"):
+            threading.Event().wait()  # never committed, never answered: until the test kills this process
+        commit(self, *args, **kwargs)
+        if served and _switched(switch, "after"):
+            threading.Event().wait()  # committed, never answered: until the test kills this process
+
+    LocalFile.append = append  # type: ignore[method-assign]
+
+
+def _switched(switch: str, moment: str) -> bool:
+    """Whether the switch is set for `moment`; one write takes it, the others carry on."""
+    try:
+        with open(switch, encoding="utf-8") as file:
+            if file.read().strip() != moment:
+                return False
+        os.rename(switch, f"{switch}.held")
+    except FileNotFoundError:
+        return False
+    return True
+
+
+if os.environ.get("TURN_APP_HOLD_SWITCH"):
+    hold_served_writes(os.environ["TURN_APP_HOLD_SWITCH"])
 
 store = from_config()
 # The process that opened the store closes it at exit (gunicorn's master on SIGTERM); in a

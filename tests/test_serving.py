@@ -250,6 +250,19 @@ def test_a_long_database_path_still_serves(tmp_path: Path) -> None:
         owner.stop()
 
 
+def test_a_long_runtime_directory_gives_way_to_a_short_one(
+    tmp_path: Path, db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runtime = tmp_path / ("r" * 120)  # too long for a socket's name (AF_UNIX: 107 bytes)
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    with CitadelSessionStore(db_path, KEY, argon2_profile="iot") as store:
+        assert store.served_by is None
+        address = socket_path(str(db_path.resolve()))
+        assert len(os.fsencode(address)) <= 107 and not address.startswith(str(runtime))
+        assert stat.S_ISSOCK(os.stat(address).st_mode)
+
+
 def test_a_stale_socket_left_by_a_killed_owner_is_replaced(db_path: Path) -> None:
     first = Service(db_path)
     first.kill()  # SIGKILL: its socket file stays behind

@@ -1,8 +1,9 @@
 """Where the owner of a file listens, and the key a client proves it knows.
 
 The socket lives in a directory only this user can use: ``$XDG_RUNTIME_DIR`` (systemd
-makes it, mode 0700) or else ``/tmp/citadeldb-openai-agents-<uid>``, which is
-created with mode 0700 and refused if anyone else owns it or can enter it. Its name
+makes it, mode 0700), unless it is too long a path for a socket's name, or else
+``/tmp/citadeldb-openai-agents-<uid>``, which is created with mode 0700 and refused if
+anyone else owns it or can enter it. Its name
 is a digest of the database's resolved path, so every process that opens the file,
 by whatever path, finds the same socket, and a long path cannot exceed AF_UNIX's
 limit of about 107 bytes.
@@ -23,6 +24,7 @@ from pathlib import Path
 from ..errors import CitadelSessionError
 
 _APP = "citadeldb-openai-agents"
+_SUN_PATH = 107  # bytes of a Unix socket's name on Linux (108, less the terminating NUL)
 _SALT_DOMAIN = b"citadeldb-openai-agents/serve/v1\0"
 # scrypt's cost: 16 MiB and ~0.1 s on this project's 2-core machine, once per process and file.
 _SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32}
@@ -45,10 +47,16 @@ def _name(database: str) -> str:
 def runtime_directory() -> Path:
     """A directory only this user can write to, made if needed; raises if it is not safe."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and _private(Path(runtime)):
+    if runtime and _private(Path(runtime)) and _fits(Path(runtime) / _APP):
         directory = Path(runtime) / _APP
     else:
         directory = Path(tempfile.gettempdir()) / f"{_APP}-{os.getuid()}"
+        if not _fits(directory):
+            raise CitadelSessionError(
+                f"{directory} is too long a directory for the socket that serves the file to other "
+                f"processes (a Unix socket's name holds at most {_SUN_PATH} bytes): set TMPDIR or "
+                "XDG_RUNTIME_DIR to a shorter directory of this user's, or set serve = false."
+            )
     try:
         directory.mkdir(mode=0o700, exist_ok=True)
     except OSError as exc:
@@ -63,6 +71,11 @@ def runtime_directory() -> Path:
             "mode 700), set XDG_RUNTIME_DIR to a directory of this user's, or set serve = false."
         )
     return directory
+
+
+def _fits(directory: Path) -> bool:
+    """Whether a socket's name in `directory` fits in AF_UNIX's address."""
+    return len(os.fsencode(directory / f"{'0' * 32}.sock")) <= _SUN_PATH
 
 
 def _private(directory: Path) -> bool:

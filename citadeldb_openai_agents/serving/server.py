@@ -12,9 +12,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import selectors
 import socket
 import struct
 import threading
+import weakref
 from collections.abc import Callable
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from typing import Any
@@ -28,6 +30,7 @@ log = logging.getLogger("citadeldb_openai_agents")
 
 HANDSHAKE_SECONDS = 5.0  # a peer must prove itself within this, or it is dropped
 _SO_PEERCRED = getattr(socket, "SO_PEERCRED", None)
+_servers: weakref.WeakSet[Server] = weakref.WeakSet()  # this process's, for `_after_fork_in_child`
 
 
 class Server:
@@ -50,8 +53,10 @@ class Server:
         self._owner_pid = current_pid()
         self._closed = threading.Event()
         self._clients: set[socket.socket] = set()
+        self._connections: set[Connection] = set()  # the clients' sockets, as `_calls` reads them
         self._lock = threading.Lock()
         self._listener = _listen(address)
+        _servers.add(self)
         self._thread = threading.Thread(target=self._accept, name="citadel-serve", daemon=True)
         self._thread.start()
         log.info("serving %s to other processes on %s", file.path, address)
@@ -82,23 +87,42 @@ class Server:
         self._thread.join(timeout=5)
 
     def _accept(self) -> None:
-        while not self._closed.is_set():
+        with selectors.DefaultSelector() as waiting:
             try:
-                peer, _ = self._listener.accept()
-            except OSError:
-                return  # closed
-            threading.Thread(target=self._serve, args=(peer,), name="citadel-client", daemon=True).start()
+                waiting.register(self._listener, selectors.EVENT_READ)
+            except (OSError, ValueError):
+                return  # closed before this thread started
+            while not self._closed.is_set():
+                # A timeout, so that a close that lands between two waits ends the loop too.
+                if waiting.select(timeout=1.0) and not self._take_peer():
+                    return  # closed
 
-    def _serve(self, peer: socket.socket) -> None:
+    def _take_peer(self) -> bool:
+        """Accept a waiting peer and serve it on a thread of its own; False once closed."""
+        try:
+            # Accepted and registered under the lock a fork waits for: a child forked at any
+            # moment closes every connection of this server (`_after_fork_in_child`).
+            with self._lock:
+                peer, _ = self._listener.accept()
+                peer.setblocking(True)  # the connection reads it with plain blocking reads
+                connection = Connection(os.dup(peer.fileno()))
+                self._clients.add(peer)
+                self._connections.add(connection)
+        except BlockingIOError:
+            return True  # the peer gave up before it was accepted
+        except OSError:
+            return False
+        thread = threading.Thread(target=self._serve, args=(peer, connection), name="citadel-client")
+        thread.daemon = True
+        thread.start()
+        return True
+
+    def _serve(self, peer: socket.socket, connection: Connection) -> None:
         who = _peer(peer)
-        with self._lock:
-            self._clients.add(peer)
-        connection: Connection | None = None
         try:
             # A blocking read that gives up after a while (`settimeout` would make the socket
             # non-blocking, which the connection's plain reads do not expect).
             _receive_timeout(peer, HANDSHAKE_SECONDS)
-            connection = Connection(os.dup(peer.fileno()))
             hello = self._handshake(connection, who)
             if hello is None:
                 return
@@ -112,8 +136,8 @@ class Server:
         finally:
             with self._lock:
                 self._clients.discard(peer)
-            if connection is not None:
-                connection.close()
+                self._connections.discard(connection)
+            connection.close()
             peer.close()
 
     def _handshake(self, connection: Connection, who: str) -> ClientHello | None:
@@ -184,6 +208,44 @@ def _reporter(connection: Connection) -> Callable[[int, int], None]:
     return progress
 
 
+def _after_fork_in_child() -> None:
+    # A forked child that kept its copies of the owner's sockets would keep them open after
+    # the owner died: the listening one accepting connections whose handshake no one answers,
+    # a client's call waiting forever for a reply instead of seeing the owner gone (gunicorn
+    # --preload's workers outlive a killed master, and a worker it forks to replace one
+    # inherits every connection the master serves). Closing the child's copies, without a
+    # shutdown, changes nothing for the parent, which goes on serving; its threads are not here.
+    for server in list(_servers):
+        server._listener.close()
+        for peer in list(server._clients):
+            peer.close()
+        for connection in list(server._connections):
+            connection.close()
+    _release_forking()
+
+
+# The servers whose lock the forking thread holds, from `_before_fork` to after the fork.
+_forking: list[Server] = []
+
+
+def _before_fork() -> None:
+    _forking[:] = list(_servers)
+    for server in _forking:
+        server._lock.acquire()
+
+
+def _release_forking() -> None:
+    for server in _forking:
+        server._lock.release()
+    _forking.clear()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(
+        before=_before_fork, after_in_parent=_release_forking, after_in_child=_after_fork_in_child
+    )
+
+
 def _listen(address: str) -> socket.socket:
     """A listening socket at `address`, mode 0600, replacing one a dead owner left."""
     # Only the process holding the file's lock serves it, so a socket found here is stale.
@@ -197,6 +259,7 @@ def _listen(address: str) -> socket.socket:
         os.umask(previous)
     os.chmod(address, 0o600)
     listener.listen(64)
+    listener.setblocking(False)  # accepted only once select says a peer waits (`Server._accept`)
     return listener
 
 

@@ -274,9 +274,15 @@ class SharedFile:
         self.check_process()
         return self._local
 
+<<<<<<< HEAD
     def _call(
         self, operation: str, *args: Any, progress: Progress | None = None, resent: bool = False
     ) -> Any:
+=======
+    def _call(self, operation: str, *args: Any, progress: Progress | None = None) -> Any:
+        resent = False
+        deadline: float | None = None
+>>>>>>> load
         while True:
             local = self._owned()
             if local is not None:
@@ -307,16 +313,21 @@ class SharedFile:
                         "sessions` (or verify) shows what the file holds; run it again if it was not done."
                     ) from None
                 resent = True
+                if deadline is None:
+                    # Counted from this call's first failure, not once it gets the lock: calls queued
+                    # behind another's handover that found no owner must not each wait anew.
+                    deadline = time.monotonic() + HANDOVER_SECONDS
                 with self._lock:
                     if self._remote is remote:
                         self._remote = None
                         if remote is not None:
                             remote.close()
-                        self._attach(time.monotonic() + HANDOVER_SECONDS)
+                        self._attach(deadline)
 
     def _attach(self, deadline: float) -> None:
         """Own the file (and serve it), or become a client of the process that does."""
         locked: DatabaseLockedError | None = None
+        parent: int | None = None  # the process this one was forked from, when it held the file
         while True:
             try:
                 local = LocalFile(
@@ -335,10 +346,11 @@ class SharedFile:
                         holder=exc.holder,
                     ) from None
                 locked = exc
-            except ForkedStoreError:
+            except ForkedStoreError as exc:
                 # A child forked while its parent held the file: the parent serves it, or nobody.
                 if not self._serve or not serves(self._resolved):
                     raise
+                parent = exc.owner_pid
                 locked = DatabaseLockedError(f"{self._resolved} is held by the parent of this process.")
             else:
                 if self._serve:
@@ -360,6 +372,14 @@ class SharedFile:
                     socket_path(self._resolved), bytes(self._authkey.value), self._hello(), self._resolved
                 )
             except OwnerGone:
+                if time.monotonic() > deadline and parent is not None:
+                    raise DatabaseLockedError(
+                        f"{self._resolved} was served to this process by its parent, process {parent}, "
+                        f"and no process has served it for {HANDOVER_SECONDS:g} s: the parent is gone or "
+                        "stuck. This process and the others forked from that parent still hold the file's "
+                        "lock through the copy they inherited, so none of them can take the file over. "
+                        "Restart the whole server, all its processes (gunicorn: its master and workers)."
+                    ) from None
                 if time.monotonic() > deadline:
                     raise DatabaseLockedError(
                         f"{locked} It did not serve the file within {HANDOVER_SECONDS:g} s: it is not "

@@ -1,0 +1,343 @@
+"""Many processes on one file: what going through the owner costs, and how long a handover takes.
+
+    python benchmarks/serving.py            # full run: ~3 min on 2 shared cores
+    python benchmarks/serving.py --quick    # tiny sizes, 2 workers only: ~30 s smoke test
+
+Three measurements, each on a file of its own:
+
+* Latency, client against owner. This process fills a file (one session of
+  --items items among --sessions others of --per-session items) and times
+  ``add_items`` (one turn), ``get_items(limit=20)`` and ``pop_item`` on the big
+  session; then another process opens the same file, becomes its client, and times
+  the same calls through this one. The cell is the median (and p95) of --reps calls.
+* Throughput. The agent app (serving_app.py: one `Runner.run` turn per request, a
+  `ScriptedModel`) under ``uvicorn --workers N`` on 127.0.0.1, for each N of
+  --workers, once on a Citadel file and once on `agents.SQLiteSession`; --clients
+  threads send --requests turns (after a warm-up of one per client) to 40 sessions.
+  Requests per second, p50 and p95 of a request.
+* Handover. Another process creates and owns a file (the default argon2 profile,
+  so the KDF is paid as in production); this one is its client. The owner is
+  SIGKILLed; the time runs from the kill to this process's next successful
+  ``add_items``, the takeover (opening the file, the KDF, serving it) included.
+
+Timing, not a test: nothing here asserts a time. Prints markdown tables and the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.client
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+KEY = "benchmark passphrase, not a secret"
+SUBJECT = "user-subject"
+SESSIONS_UNDER_LOAD = [f"user-{number:02d}" for number in range(40)]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CITADEL_")}
+    env.update(extra)
+    return env
+
+
+def _summary(milliseconds: list[float]) -> tuple[float, float]:
+    ordered = sorted(milliseconds)
+    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+
+
+# -- latency: the same calls in the owner and in a client --------------------------------
+
+
+async def time_calls(path: Path, reps: int) -> dict[str, list[float]]:
+    """Milliseconds per call of the three operations on the big session, in this process."""
+    import workload
+
+    from citadeldb_openai_agents import CitadelSessionStore
+
+    store = CitadelSessionStore(path, KEY, argon2_profile="iot")
+    try:
+        session = store.session(SUBJECT)
+        turns = workload.turns_from(1_000_000)
+        calls: dict[str, Callable[[], Awaitable[Any]]] = {
+            "add_items (1 turn)": lambda: session.add_items(next(turns)),
+            "get_items(limit=20)": lambda: session.get_items(limit=20),
+            "pop_item": session.pop_item,
+        }
+        times: dict[str, list[float]] = {}
+        for name, call in calls.items():
+            times[name] = []
+            for _ in range(reps):
+                start = time.perf_counter()
+                await call()
+                times[name].append((time.perf_counter() - start) * 1000)
+        times["served by"] = [float(store.served_by or 0)]
+        return times
+    finally:
+        store.close()
+
+
+async def fill(path: Path, items: int, sessions: int, per_session: int) -> None:
+    import workload
+
+    from citadeldb_openai_agents import CitadelSessionStore
+
+    with CitadelSessionStore(path, KEY, argon2_profile="iot") as store:
+        data = workload.items(items)
+        subject = store.session(SUBJECT)
+        for at in range(0, len(data), 100):
+            await subject.add_items(data[at : at + 100])
+        others = workload.items(per_session)
+        for number in range(sessions):
+            await store.session(f"user-{number:04d}").add_items(others)
+
+
+def latency(args: argparse.Namespace, directory: Path) -> list[str]:
+    from citadeldb_openai_agents import CitadelSessionStore
+
+    path = directory / "latency.cdl"
+    asyncio.run(fill(path, args.items, args.sessions, args.per_session))
+    rows = [
+        "| call | owner p50 | owner p95 | client p50 | client p95 | added (p50) |",
+        "|---|---|---|---|---|---|",
+    ]
+    # This process owns the file (and serves it) while another process times the calls as its client.
+    with CitadelSessionStore(path, KEY, argon2_profile="iot"):
+        owner = asyncio.run(time_calls(path, args.reps))
+        done = subprocess.run(
+            [sys.executable, __file__, "--time-calls", str(path), "--reps", str(args.reps)],
+            env=_env(),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    client = json.loads(done.stdout)
+    assert client.pop("served by") == [float(os.getpid())], "the other process was not a client of this one"
+    owner.pop("served by")
+    for name, samples in owner.items():
+        owner_p50, owner_p95 = _summary(samples)
+        client_p50, client_p95 = _summary(client[name])
+        rows.append(
+            f"| {name} | {owner_p50:.2f} ms | {owner_p95:.2f} ms | {client_p50:.2f} ms | {client_p95:.2f} ms "
+            f"| {client_p50 - owner_p50:+.2f} ms |"
+        )
+    return rows
+
+
+# -- throughput: the agent app under uvicorn --workers N ---------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _post(port: int, session_id: str, text: str) -> float:
+    """One turn; its milliseconds (raises on anything but 200)."""
+    start = time.perf_counter()
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        connection.request("POST", f"/turn?session={session_id}", body=text.encode())
+        response = connection.getresponse()
+        response.read()
+    finally:
+        connection.close()
+    if response.status != 200:
+        raise RuntimeError(f"a turn failed: HTTP {response.status}")
+    return (time.perf_counter() - start) * 1000
+
+
+def _wait_until_up(port: int, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError("the server exited at start")
+        try:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            connection.request("GET", "/")
+            connection.getresponse().read()
+            connection.close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError("the server did not start in 120 s")
+
+
+def drive(port: int, clients: int, requests: int) -> tuple[float, list[float]]:
+    """`clients` threads, each one request at a time to its own sessions: (seconds, latencies)."""
+    latencies: list[float] = []
+    sent = iter(range(requests))
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def client(number: int) -> None:
+        mine = SESSIONS_UNDER_LOAD[number::clients] or [f"extra-{number}"]
+        turn = 0
+        while True:
+            with lock:
+                if next(sent, None) is None:
+                    return
+            try:
+                elapsed = _post(port, mine[turn % len(mine)], f"turn {turn} of client {number}")
+            except BaseException as exc:  # reported once the threads are done
+                errors.append(exc)
+                return
+            with lock:
+                latencies.append(elapsed)
+            turn += 1
+
+    threads = [threading.Thread(target=client, args=(number,)) for number in range(clients)]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return time.perf_counter() - start, latencies
+
+
+def serve_and_drive(backend: str, workers: int, args: argparse.Namespace, directory: Path) -> str:
+    run = directory / f"{backend}-{workers}"
+    run.mkdir()
+    port = _free_port()
+    env = _env(BENCH_BACKEND=backend, BENCH_SQLITE_PATH=str(run / "agent.sqlite"))
+    env.update(CITADEL_PATH=str(run / "agent.cdl"), CITADEL_KEY=KEY, CITADEL_ARGON2_PROFILE="iot")
+    server = [sys.executable, "-m", "uvicorn", "--workers", str(workers), "--host", "127.0.0.1"]
+    options = ["--port", str(port), "--app-dir", str(HERE), "--no-access-log", "--log-level", "warning"]
+    process = subprocess.Popen(
+        [*server, *options, "serving_app:app"],
+        cwd=run,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        _wait_until_up(port, process)
+        drive(port, args.clients, 2 * args.clients)  # warm-up: every worker started, sessions opened
+        seconds, latencies = drive(port, args.clients, args.requests)
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(60)
+    p50, p95 = _summary(latencies)
+    label = "citadel" if backend == "citadel" else "SQLiteSession"
+    return f"| {label} | {workers} | {len(latencies) / seconds:.1f} | {p50:.1f} ms | {p95:.1f} ms |"
+
+
+def throughput(args: argparse.Namespace, directory: Path) -> list[str]:
+    rows = ["| backend | workers | requests/s | p50 | p95 |", "|---|---|---|---|---|"]
+    for workers in args.workers:
+        for backend in ("citadel", "sqlite"):
+            rows.append(serve_and_drive(backend, workers, args, directory))
+            print(f"measured: {backend}, {workers} worker(s)", file=sys.stderr, flush=True)
+    return rows
+
+
+# -- handover: the owner SIGKILLed, until a client's next successful write ---------------
+
+
+def hold(path: str) -> None:
+    """Own the file (the default argon2 profile) until killed; say so on stdout."""
+    from citadeldb_openai_agents import CitadelSessionStore
+
+    CitadelSessionStore(path, KEY)
+    print("owning", flush=True)
+    threading.Event().wait()
+
+
+async def one_handover(path: Path) -> float:
+    import workload
+
+    from citadeldb_openai_agents import CitadelSessionStore
+
+    owner = subprocess.Popen(
+        [sys.executable, __file__, "--hold", str(path)], env=_env(), stdout=subprocess.PIPE, text=True
+    )
+    assert owner.stdout is not None and owner.stdout.readline() == "owning\n"
+    store = CitadelSessionStore(path, KEY)
+    try:
+        assert store.served_by == owner.pid, "this process is not the owner's client"
+        session = store.session(SUBJECT)
+        await session.add_items(workload.make_turn(0))
+        start = time.perf_counter()
+        owner.kill()
+        await session.add_items(workload.make_turn(1))
+        elapsed = (time.perf_counter() - start) * 1000
+        assert store.served_by is None, "this process did not take the file over"
+        assert len(await session.get_items()) == len(workload.make_turn(0)) + len(workload.make_turn(1))
+        return elapsed
+    finally:
+        owner.wait()
+        store.close()
+
+
+def handover(args: argparse.Namespace, directory: Path) -> list[str]:
+    times = [
+        asyncio.run(one_handover(directory / f"handover-{rep}.cdl")) for rep in range(args.handover_reps)
+    ]
+    p50, _ = _summary(times)
+    return [
+        "| handover (SIGKILL to next write) | p50 | max | runs |",
+        "|---|---|---|---|",
+        f"| default argon2 profile | {p50:.0f} ms | {max(times):.0f} ms | {len(times)} |",
+    ]
+
+
+# -- command line ------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, 2 workers only: a smoke test")
+    parser.add_argument("--items", type=int, default=10_000, help="items in the timed session")
+    parser.add_argument("--sessions", type=int, default=300, help="other sessions in the file")
+    parser.add_argument("--per-session", type=int, default=20, help="items in each other session")
+    parser.add_argument("--reps", type=int, default=200, help="timed calls of each operation")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4], help="uvicorn worker counts")
+    parser.add_argument("--clients", type=int, default=20, help="concurrent HTTP clients")
+    parser.add_argument("--requests", type=int, default=600, help="timed requests per server")
+    parser.add_argument("--handover-reps", type=int, default=5, help="owners killed")
+    parser.add_argument("--workdir", help="where the files go (default: a temporary directory)")
+    parser.add_argument("--time-calls", help=argparse.SUPPRESS)  # the client's side of the latency
+    parser.add_argument("--hold", help=argparse.SUPPRESS)  # the owner of the handover
+    args = parser.parse_args()
+    sys.path.insert(0, str(HERE))
+    if args.time_calls:
+        print(json.dumps(asyncio.run(time_calls(Path(args.time_calls), args.reps))))
+        return
+    if args.hold:
+        hold(args.hold)
+        return
+    if args.quick:
+        args.items, args.sessions, args.per_session, args.reps = 200, 20, 10, 20
+        args.workers, args.requests, args.handover_reps = [2], 60, 1
+    command = " ".join(["python", "benchmarks/serving.py", *sys.argv[1:]])
+    with tempfile.TemporaryDirectory(prefix="serving-", dir=args.workdir) as scratch:
+        directory = Path(scratch)
+        sections = [
+            (f"Latency, one session of {args.items:,} items among {args.sessions} others", latency),
+            (f"Throughput, {args.clients} clients, {args.requests} requests per server", throughput),
+            ("Handover", handover),
+        ]
+        print(f"`{command}` ({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f})\n")
+        for title, measure in sections:
+            print(f"{title}:\n")
+            print("\n".join(measure(args, directory)) + "\n", flush=True)
+
+
+if __name__ == "__main__":
+    main()
