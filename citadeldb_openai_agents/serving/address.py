@@ -94,3 +94,18 @@ def derive_authkey(passphrase: str, database: str) -> bytes:
     """The key a process proves it knows to use the owner's socket (HMAC challenge)."""
     salt = _SALT_DOMAIN + hashlib.sha256(database.encode("utf-8", "surrogatepass")).digest()
     return hashlib.scrypt(passphrase.encode("utf-8", "surrogatepass"), salt=salt, **_SCRYPT)
+
+
+class Secret:
+    """Bytes kept for the life of a store (the passphrase, the socket's key): never shown, zeroed on close."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: bytes) -> None:
+        self.value = bytearray(value)
+
+    def wipe(self) -> None:
+        self.value[:] = bytes(len(self.value))
+
+    def __repr__(self) -> str:
+        return "<secret>"

@@ -33,7 +33,7 @@ from ..storage.files import resolve_path
 from ..storage.local import LocalFile
 from ..storage.lockholder import shorten_command
 from ..storage.process import current_pid
-from .address import derive_authkey, socket_path
+from .address import Secret, derive_authkey, socket_path
 from .client import OwnerGone, RemoteOwner
 from .hosting import (
     clients_of,
@@ -53,21 +53,6 @@ if TYPE_CHECKING:
 # serves), or a new one after the old one died. Past it, the file is held by a process
 # that does not serve it.
 HANDOVER_SECONDS = 10.0
-
-
-class Secret:
-    """Bytes kept for the life of a store (the passphrase, the socket's key): never shown, zeroed on close."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: bytes) -> None:
-        self.value = bytearray(value)
-
-    def wipe(self) -> None:
-        self.value[:] = bytes(len(self.value))
-
-    def __repr__(self) -> str:
-        return "<secret>"
 
 
 class SharedFile:
@@ -274,15 +259,10 @@ class SharedFile:
         self.check_process()
         return self._local
 
-<<<<<<< HEAD
     def _call(
         self, operation: str, *args: Any, progress: Progress | None = None, resent: bool = False
     ) -> Any:
-=======
-    def _call(self, operation: str, *args: Any, progress: Progress | None = None) -> Any:
-        resent = False
         deadline: float | None = None
->>>>>>> load
         while True:
             local = self._owned()
             if local is not None:
