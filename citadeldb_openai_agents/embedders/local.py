@@ -70,8 +70,9 @@ class SentenceTransformerEmbedder:
 
         A search embeds one short query while the caller waits: for the common shape
         (a transformer, mean pooling, normalisation) the model is run directly, which
-        skips `encode`'s per-call work (measured: 2.4x faster for one query, the same
-        vector); any other model goes through `encode`.
+        skips `encode`'s per-call work (measured on 2 idle cores with all-MiniLM-L6-v2:
+        12-14 ms against 14-15 ms for one query, the same vector); any other model goes
+        through `encode`.
         """
         if self._direct is not None and len(texts) <= self._batch_size:
             return self._direct(texts)
