@@ -267,3 +267,16 @@ def test_import_progress_counts_items(sdk_file: Path, database: Path) -> None:
             store, sdk_file, session_id=session_id(0), progress=lambda done, total: seen.append((done, total))
         )
     assert seen[-1] == (ITEMS, ITEMS) and all(total == ITEMS for _, total in seen)
+
+
+def test_import_into_a_missing_file_is_refused_unless_create(sdk_file: Path, tmp_path: Path) -> None:
+    """A typo in the path must not start a new file; --create starts one on purpose."""
+    path = tmp_path / "new.cdl"
+    refused = run("import", str(sdk_file), "--session-id", session_id(3), env=environment(path))
+    assert refused.returncode == 1 and "pass --create" in refused.stderr
+    assert not path.exists()
+    done = run("import", str(sdk_file), "--session-id", session_id(3), "--create", env=environment(path))
+    assert done.returncode == 0, done.stderr
+    assert f"imported 1 session, {ITEMS} items" in done.stdout
+    with CitadelSessionStore(path, PASSPHRASE) as store:
+        assert store.session_ids() == [session_id(3)]

@@ -114,7 +114,7 @@ def _export_files(args: argparse.Namespace) -> int:
 
 def import_(args: argparse.Namespace) -> int:
     with (
-        _open(args) as store,
+        _open_new_or_existing(args, _settings(args)) as store,
         render.progress_bar("importing", enabled=not args.json, unit="item") as progress,
     ):
         report = import_file(
@@ -165,7 +165,7 @@ def move(args: argparse.Namespace) -> int:
     target = _target_settings(args, settings)
     with (
         _open(args, settings) as store,
-        _open_target(args, target) as other,
+        _open_new_or_existing(args, target) as other,
         render.progress_bar("moving", enabled=not args.json, unit="item") as progress,
     ):
         moved_at = datetime.now(timezone.utc)
@@ -185,13 +185,14 @@ def move(args: argparse.Namespace) -> int:
     return 0
 
 
-def _open_target(args: argparse.Namespace, target: CitadelSettings) -> CitadelSessionStore:
+def _open_new_or_existing(args: argparse.Namespace, target: CitadelSettings) -> CitadelSessionStore:
+    """The file the command writes to: created only with --create (a typo must not start a new file)."""
     try:
         return _open(args, target, create=args.create)
     except DatabaseNotFoundError as exc:
         if not exc.creation_refused:
             raise
-        raise Refused(f"{exc} To start a new, empty target file there, pass --create.") from None
+        raise Refused(f"{exc} To start a new, empty file there, pass --create.") from None
 
 
 def _target_settings(args: argparse.Namespace, source: CitadelSettings) -> CitadelSettings:

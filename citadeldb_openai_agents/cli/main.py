@@ -134,6 +134,9 @@ def _add_operations(subcommands: Any) -> None:
     source.add_argument(
         "--messages-table", default="agent_messages", metavar="NAME", help="default: agent_messages"
     )
+    source.add_argument(
+        "--create", action="store_true", help="create the database file if it does not exist (else it must)"
+    )
     modes = source.add_mutually_exclusive_group()
     modes.add_argument(
         "--append",
