@@ -56,6 +56,9 @@ class Server:
         self._connections: set[Connection] = set()  # the clients' sockets, as `_calls` reads them
         self._lock = threading.Lock()
         self._listener = _listen(address)
+        # Written to by `close`, so the accept thread's wait ends at once (a closed listener
+        # does not wake a select on Linux: every close would wait out the timeout).
+        self._wake_read, self._wake_write = os.pipe()
         _servers.add(self)
         self._thread = threading.Thread(target=self._accept, name="citadel-serve", daemon=True)
         self._thread.start()
@@ -84,17 +87,26 @@ class Server:
             for client in self._clients:
                 with contextlib.suppress(OSError):
                     client.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            os.write(self._wake_write, b"x")
         self._thread.join(timeout=5)
+        for descriptor in (self._wake_read, self._wake_write):
+            with contextlib.suppress(OSError):
+                os.close(descriptor)
 
     def _accept(self) -> None:
         with selectors.DefaultSelector() as waiting:
             try:
                 waiting.register(self._listener, selectors.EVENT_READ)
+                waiting.register(self._wake_read, selectors.EVENT_READ)
             except (OSError, ValueError):
                 return  # closed before this thread started
             while not self._closed.is_set():
-                # A timeout, so that a close that lands between two waits ends the loop too.
-                if waiting.select(timeout=1.0) and not self._take_peer():
+                # A timeout too, should a close land between two waits.
+                ready = waiting.select(timeout=1.0)
+                if self._closed.is_set() or any(key.fileobj == self._wake_read for key, _ in ready):
+                    return
+                if ready and not self._take_peer():
                     return  # closed
 
     def _take_peer(self) -> bool:
