@@ -153,7 +153,7 @@ class ExportSummary:
 class HistoryHit:
     """A search hit with where it stands in its session: `positions` count from 1, the oldest item.
 
-    An item stored more than once, identical, lists every position it holds.
+    Identical items found by one search are one hit, with each of their positions.
     """
 
     positions: list[int]

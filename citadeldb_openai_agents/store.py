@@ -388,19 +388,18 @@ class CitadelSessionStore:
         self._file.clear(session_id)
 
     def _search(self, session_id: str, query: str, limit: int) -> list[Any]:
-        payloads = self._file.search(session_id, query, limit)
+        payloads = [payload for payload, _ in self._file.search_placed(session_id, query, limit)[0]]
         return decode_items(payloads)
 
     def _search_with_positions(self, session_id: str, query: str, limit: int) -> tuple[list[HistoryHit], int]:
-        """`_search`'s hits (identical ones once) with their positions, and the session's item count."""
-        found = list(dict.fromkeys(self._file.search(session_id, query, limit)))
-        held = self._file.all_items(session_id)
-        where: dict[str, list[int]] = {payload: [] for payload in found}
-        for position, payload in enumerate(held, 1):
-            if payload in where:
-                where[payload].append(position)
-        hits = zip(found, decode_items(found), strict=True)
-        return [HistoryHit(where[payload], item, search_text(item)) for payload, item in hits], len(held)
+        """`_search`'s hits with their positions (identical hits once, with each position), and
+        the session's item count: from the search data, without reading the session."""
+        found, held = self._file.search_placed(session_id, query, limit)
+        where: dict[str, list[int]] = {}
+        for payload, position in found:
+            where.setdefault(payload, []).append(position)
+        hits = zip(where, decode_items(list(where)), strict=True)
+        return [HistoryHit(sorted(where[payload]), item, search_text(item)) for payload, item in hits], held
 
 
 def _summary(found: tuple[str, int, int, int]) -> SessionSummary:

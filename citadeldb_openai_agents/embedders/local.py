@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,23 +59,13 @@ class SentenceTransformerEmbedder:
         self.dim = int(dimension())
         self.model_id = f"sentence-transformers:{name}@{_weights_digest(directory)}"
         self.device = device
-        self._direct = _direct_forward(self._model) if self._query_prompt is None else None
 
     def embed_with_cancel(self, texts: list[str], cancel_token: Any = None) -> list[list[float]]:
         """Document vectors, unit length, in batches; stops between batches if cancelled."""
         return self._encode(texts, cancel_token, prompt_name=None)
 
     def embed_queries_with_cancel(self, texts: list[str], cancel_token: Any = None) -> list[list[float]]:
-        """Query vectors (with the model's query prompt, if it has one).
-
-        A search embeds one short query while the caller waits: for the common shape
-        (a transformer, mean pooling, normalisation) the model is run directly, which
-        skips `encode`'s per-call work (measured on 2 idle cores with all-MiniLM-L6-v2:
-        12-14 ms against 14-15 ms for one query, the same vector); any other model goes
-        through `encode`.
-        """
-        if self._direct is not None and len(texts) <= self._batch_size:
-            return self._direct(texts)
+        """Query vectors (with the model's query prompt, if it has one)."""
         return self._encode(texts, cancel_token, prompt_name=self._query_prompt)
 
     def _encode(self, texts: Sequence[str], cancel_token: Any, prompt_name: str | None) -> list[list[float]]:
@@ -97,56 +87,6 @@ class SentenceTransformerEmbedder:
 
     def __repr__(self) -> str:
         return f"SentenceTransformerEmbedder({self.model_id!r}, device={self.device!r})"
-
-
-def _direct_forward(model: Any) -> Callable[[list[str]], list[list[float]]] | None:
-    """`model`'s vectors computed by its transformer, mean pooling and normalisation, called
-    directly; None unless the model is exactly that and agrees with `encode` on a probe."""
-    import torch
-
-    names = [type(module).__name__ for module in model]
-    if names not in (["Transformer", "Pooling", "Normalize"], ["Transformer", "Pooling"]):
-        return None
-    pooling = model[1]
-    # sentence-transformers 5 names the mode; earlier versions keep a flag per mode.
-    mode = getattr(pooling, "pooling_mode", None)
-    if mode is None and getattr(pooling, "pooling_mode_mean_tokens", False):
-        others = ("pooling_mode_cls_token", "pooling_mode_max_tokens", "pooling_mode_lasttoken")
-        mode = "mean" if not any(getattr(pooling, flag, False) for flag in others) else None
-    if mode != "mean":
-        return None
-    transformer = model[0]
-    tokenizer = getattr(transformer, "tokenizer", None)
-    network = getattr(transformer, "auto_model", None)
-    limit = getattr(transformer, "max_seq_length", None) or 256
-    if tokenizer is None or network is None:
-        return None
-    device = model.device
-
-    def forward(texts: list[str]) -> list[list[float]]:
-        with torch.inference_mode():
-            features = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=limit)
-            features = {key: value.to(device) for key, value in features.items()}
-            tokens = network(**features).last_hidden_state
-            mask = features["attention_mask"].unsqueeze(-1).to(tokens.dtype)
-            pooled = (tokens * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-            unit = torch.nn.functional.normalize(pooled, dim=1)
-        rows: list[list[float]] = unit.cpu().numpy().tolist()
-        return rows
-
-    # Of different lengths, so that the padding of the shorter one must be masked out.
-    probe = ["probe", "a longer probe text, of many more words than the first, for the padding to matter"]
-    try:
-        expected = model.encode(
-            probe, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
-        )
-        got = forward(probe)
-    except Exception:  # an unusual model: encode stays the only path
-        return None
-    pairs = zip(got, expected, strict=True)
-    if max(abs(a - float(b)) for row, want in pairs for a, b in zip(row, want, strict=True)) > 1e-4:
-        return None
-    return forward
 
 
 def _model_directory(model: str | os.PathLike[str]) -> tuple[Path, str]:

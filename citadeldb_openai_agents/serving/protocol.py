@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import pickle
 from dataclasses import dataclass
-from typing import Any
 
 from ..errors import StorageError
 
@@ -49,7 +48,7 @@ OPERATIONS = {
     "append": True,  # carries a batch id the owner checks before writing again
     "newest": True,
     "all_items": True,
-    "search": True,
+    "search_placed": True,
     "peek_newest": True,
     "pop_if_newest": True,  # names the atom: popping it again finds it gone
     "clear_through": True,  # names the newest atom to erase: erasing again finds them gone
@@ -73,10 +72,3 @@ def portable(exc: BaseException) -> BaseException:
     except Exception:
         return StorageError(f"{type(exc).__name__}: {exc}")
     return exc
-
-
-def describe(value: Any) -> str:
-    """A short, secret-free description of a message for a log line."""
-    if isinstance(value, tuple) and value and isinstance(value[0], str):
-        return value[0]
-    return type(value).__name__

@@ -16,10 +16,10 @@ import selectors
 import socket
 import struct
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
-from typing import Any
 
 from ..errors import CitadelSessionError
 from ..storage.local import LocalFile
@@ -43,13 +43,11 @@ class Server:
         authkey: bytes,
         *,
         ttl: float | None,
-        extra: dict[str, Callable[..., Any]] | None = None,
     ) -> None:
         self._file = file
         self.address = address
         self._authkey = authkey
         self._ttl = ttl
-        self._extra = extra or {}
         self._owner_pid = current_pid()
         self._closed = threading.Event()
         self._clients: set[socket.socket] = set()
@@ -122,8 +120,13 @@ class Server:
                 self._connections.add(connection)
         except BlockingIOError:
             return True  # the peer gave up before it was accepted
-        except OSError:
-            return False
+        except OSError as exc:
+            if self._closed.is_set():
+                return False
+            # Out of descriptors, or the peer aborted: this peer is lost, not the server.
+            log.warning("could not accept a client on %s (%s); still serving", self.address, exc)
+            time.sleep(0.05)  # a listener still ready must not spin this thread
+            return True
         thread = threading.Thread(target=self._serve, args=(peer, connection), name="citadel-client")
         thread.daemon = True
         thread.start()
@@ -196,9 +199,7 @@ class Server:
                 operation, args = connection.recv()
             except EOFError:
                 return  # the client closed the connection: it left
-            function = self._extra.get(operation) or (
-                getattr(self._file, operation) if operation in OPERATIONS else None
-            )
+            function = getattr(self._file, operation) if operation in OPERATIONS else None
             if function is None:
                 connection.send(("error", CitadelSessionError(f"the owner offers no {operation!r}")))
                 continue
@@ -233,6 +234,9 @@ def _after_fork_in_child() -> None:
             peer.close()
         for connection in list(server._connections):
             connection.close()
+        for descriptor in (server._wake_read, server._wake_write):
+            with contextlib.suppress(OSError):
+                os.close(descriptor)
     _release_forking()
 
 

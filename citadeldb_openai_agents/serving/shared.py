@@ -27,7 +27,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..embedders.protocol import Embedder, EmbedderIdentity
-from ..errors import ConfigurationError, DatabaseLockedError, ForkedStoreError, StorageError
+from ..errors import (
+    ConfigurationError,
+    DatabaseLockedError,
+    ForkedStoreError,
+    SessionClosedError,
+    StorageError,
+)
 from ..results import Erasure, IntegrityReport, Progress
 from ..storage.files import resolve_path
 from ..storage.local import LocalFile
@@ -84,6 +90,7 @@ class SharedFile:
         self._ttl = ttl
         self._serve = serve
         self._lock = threading.Lock()
+        self._released = False
         self._local: LocalFile | None = None
         self._remote: RemoteOwner | None = None
         self._owner_pid: int | None = None
@@ -125,6 +132,7 @@ class SharedFile:
         with self._lock:
             local, remote = self._local, self._remote
             self._local = self._remote = None
+            self._released = True  # a call racing this one must not take the file over again
         if remote is not None:
             remote.close()
         if local is not None and not local.forked:
@@ -181,8 +189,8 @@ class SharedFile:
     def all_items(self, session_id: str, progress: Progress | None = None) -> list[str]:
         return self._call("all_items", session_id, progress=progress)  # type: ignore[no-any-return]
 
-    def search(self, session_id: str, query: str, limit: int) -> list[str]:
-        return self._call("search", session_id, query, limit)  # type: ignore[no-any-return]
+    def search_placed(self, session_id: str, query: str, limit: int) -> tuple[list[tuple[str, int]], int]:
+        return self._call("search_placed", session_id, query, limit)  # type: ignore[no-any-return]
 
     def summary(self, session_id: str) -> tuple[int, int, int] | None:
         return self._call("summary", session_id)  # type: ignore[no-any-return]
@@ -264,26 +272,18 @@ class SharedFile:
     ) -> Any:
         deadline: float | None = None
         while True:
+            # A write names its batch: `resent` when an owner that died may have stored it.
+            call_args = (*args, resent) if operation in ("append", "replace_suffix") else args
             local = self._owned()
             if local is not None:
-                if operation == "append":
-                    # This process's own write needs no marker, unless the owner it sent the
-                    # batch to died first: then the marker tells whether it was written.
-                    session_id, payloads, texts, from_user, expires_at, batch = args
-                    if not resent:
-                        return local.append(session_id, payloads, texts, from_user, expires_at)
-                    return local.append(
-                        session_id, payloads, texts, from_user, expires_at, batch, resent=True
-                    )
-                if operation == "replace_suffix":
-                    return local.replace_suffix(*args, resent)
+                if operation == "append" and not resent:
+                    return local.append(*args[:-1])  # this process's own write needs no marker
                 function: Callable[..., Any] = getattr(local, operation)
-                return function(*args, progress=progress) if progress is not None else function(*args)
+                return function(*call_args, progress=progress) if progress else function(*call_args)
             remote = self._remote
             try:
                 if remote is None:
                     raise OwnerGone("not connected")
-                call_args = (*args, resent) if operation in ("append", "replace_suffix") else args
                 return remote.call(operation, call_args, progress)
             except OwnerGone:
                 if not OPERATIONS[operation]:
@@ -306,6 +306,8 @@ class SharedFile:
 
     def _attach(self, deadline: float) -> None:
         """Own the file (and serve it), or become a client of the process that does."""
+        if self._released:
+            raise SessionClosedError(f"the store for {self._resolved} is closed")
         locked: DatabaseLockedError | None = None
         parent: int | None = None  # the process this one was forked from, when it held the file
         while True:
@@ -333,10 +335,14 @@ class SharedFile:
                 parent = exc.owner_pid
                 locked = DatabaseLockedError(f"{self._resolved} is held by the parent of this process.")
             else:
-                if self._serve:
-                    start_serving(self._resolved, local, bytes(self._authkey.value), self._ttl)
-                else:
-                    mark_exclusive(self._resolved, True)
+                try:
+                    if self._serve:
+                        start_serving(self._resolved, local, bytes(self._authkey.value), self._ttl)
+                    else:
+                        mark_exclusive(self._resolved, True)
+                except BaseException:
+                    local.release()  # else this process would hold the file and serve no one
+                    raise
                 self._local, self._owner_pid = local, None
                 self._opening = self._resolved
                 return

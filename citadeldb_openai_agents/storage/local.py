@@ -144,8 +144,8 @@ class LocalFile:
     def clear(self, session_id: str) -> None:
         self._on(session_id, writes.clear)
 
-    def search(self, session_id: str, query: str, limit: int) -> list[str]:
-        return self._on(session_id, reads.search, query, limit)
+    def search_placed(self, session_id: str, query: str, limit: int) -> tuple[list[tuple[str, int]], int]:
+        return self._on(session_id, reads.search_placed, query, limit)
 
     def erase(self, session_id: str, expected: str | None = None) -> Erasure | None:
         return self._on(session_id, writes.erase, expected)

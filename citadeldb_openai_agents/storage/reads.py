@@ -7,6 +7,7 @@ checks that Citadel returned all the pages hold (`SessionLayout.check_complete`)
 
 from __future__ import annotations
 
+import numpy as np
 from citadeldb.memory import AtomHit, Memory
 
 from ..embedders.protocol import embed_query
@@ -114,20 +115,25 @@ def has_live_item(layout: SessionLayout, memory: Memory, state: SessionState) ->
     return any(layout.has_live(memory, state, n) for n in reversed(state.segments))
 
 
-def search(layout: SessionLayout, memory: Memory, state: SessionState, query: str, limit: int) -> list[str]:
-    """The session's live items best matching `query`, best first (search_index.rank).
+def search_placed(
+    layout: SessionLayout, memory: Memory, state: SessionState, query: str, limit: int
+) -> tuple[list[tuple[str, int]], int]:
+    """The session's live items best matching `query`, best first (search_index.rank), each
+    with its position in the session (1: the oldest); and how many live items it holds.
 
     Ranked over the search data of every segment, held in memory once read
-    (search_upkeep.py): only the items returned are read from the file, so the
-    cost does not depend on what else the file holds.
+    (search_upkeep.py), which has one entry per live item: the positions come from it, and
+    only the items returned are read from the file, so the cost does not depend on what
+    else the file, or the session, holds.
     """
     if not state.segments or limit <= 0:
-        return []
+        return [], 0
     vector = embed_query(layout.embedder, query)
     numbers = list(state.segments)
     indexes = [search_upkeep.loaded(layout, memory, state, number) for number in numbers]
     ids, where = rank(indexes, vector, word_hashes(query), layout.identity.metric, now_micros())
-    found: list[str] = []
+    in_order = np.sort(ids)
+    found: list[tuple[str, int]] = []
     for atom, position in zip(ids.tolist(), where.tolist(), strict=True):
         if len(found) == limit:
             break
@@ -135,7 +141,7 @@ def search(layout: SessionLayout, memory: Memory, state: SessionState, query: st
         # One atom by position: measured 0.45 ms, where fetch_by_ids costs 2 ms a call.
         hits = memory.fetch(layout.region(memory, state, number), ITEM_KIND, limit=1, after_id=atom - 1)
         if hits and hits[0].id == atom:
-            found.append(str(hits[0].payload))
+            found.append((str(hits[0].payload), int(np.searchsorted(in_order, atom)) + 1))
             continue
         # Expired (or erased) since the ranking is fine; stored and unreadable is damage.
         name = segment_name(state.hid, number)
@@ -143,4 +149,4 @@ def search(layout: SessionLayout, memory: Memory, state: SessionState, query: st
         if expires == 0 or (expires is not None and expires <= now_micros()):
             continue
         raise layout.damaged(state, 1, limit)
-    return found
+    return found, len(in_order)
