@@ -15,11 +15,15 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import citadeldb
 import pytest
+from test_compaction import SDK_HAS_THE_HOOK
+from test_erasure import verdicts_after_recreating
 
 from citadeldb_openai_agents import CitadelSessionStore, reembed
 from citadeldb_openai_agents.storage import reads
@@ -42,47 +46,78 @@ def write(store: CitadelSessionStore, session_id: str, count: int, batch: int = 
         )
 
 
+@contextmanager
+def maintenance(path: Path) -> Iterator[Any]:
+    """The closed file opened with citadeldb itself: its maintenance API."""
+    db = citadeldb.connect(str(path), key=KEY, region_keys=True)
+    try:
+        yield db.memory_maintenance()
+    finally:
+        db.close()
+        gc.collect()
+
+
+def _readback(path: Path, atoms: dict[int, str]) -> tuple[set[str], dict[str, list[int]]]:
+    """Citadel's verdicts on the atoms whose region exists; the others, by region. (A function
+    of its own: the maintenance handle must be gone before the store opens the file.)"""
+    found: set[str] = set()
+    dropped: dict[str, list[int]] = {}
+    with maintenance(path) as citadel:
+        present = {entry.region.name for entry in citadel.inventory()}
+        for atom, name in atoms.items():
+            if name in present:
+                found.update(v.verdict for v in citadel.verify(name, [atom]))
+            else:
+                dropped.setdefault(name, []).append(atom)
+    return found, dropped
+
+
 class FileContents:
     """A closed file read with citadeldb: each session segment's items and search entries."""
 
     def __init__(self, path: Path, prefix: str, dim: int = MOCK_DIM) -> None:
-        db = citadeldb.connect(str(path), key=KEY, region_keys=True)
-        try:
-            maintenance = db.memory_maintenance()
-            names = [e.region.name for e in maintenance.inventory() if e.region.name.startswith(prefix)]
-            self.items: dict[int, str] = {}
-            self.entries: list[int] = []  # item ids, once per entry found in a block
-            self.blocks: dict[int, str] = {}  # block id -> its region
+        self.items: dict[int, str] = {}
+        self.entries: list[int] = []  # item ids, once per entry found in a block
+        self.blocks: dict[int, str] = {}  # block id -> its region
+        self.block_of: dict[int, int] = {}  # item id -> the block holding its entry
+        with maintenance(path) as citadel:
+            names = [e.region.name for e in citadel.inventory() if e.region.name.startswith(prefix)]
             for name in names:
-                for hit in maintenance.fetch(name, None, limit=2**62):
+                for hit in citadel.fetch(name, None, limit=2**62):
                     if hit.kind == "item":
                         self.items[hit.id] = name
                     elif hit.kind == "search":
                         self.blocks[hit.id] = name
-                        self.entries.extend(int(i) for i in read_block(hit.id, hit.payload, dim).ids)
-        finally:
-            db.close()
-            gc.collect()
+                        ids = [int(i) for i in read_block(hit.id, hit.payload, dim).ids]
+                        self.entries.extend(ids)
+                        self.block_of.update(dict.fromkeys(ids, hit.id))
+
+    def holding(self, *items: int) -> dict[int, str]:
+        """The blocks (and their regions) that hold these items' entries."""
+        return {self.block_of[item]: self.blocks[self.block_of[item]] for item in items}
 
     def assert_one_entry_per_live_item(self) -> None:
         assert sorted(self.entries) == sorted(self.items), "each live item once, and no entry of a gone item"
 
     @staticmethod
     def verdicts(path: Path, atoms: dict[int, str]) -> set[str]:
-        db = citadeldb.connect(str(path), key=KEY, region_keys=True)
-        try:
-            maintenance = db.memory_maintenance()
-            regions = {entry.region.name for entry in maintenance.inventory()}
-            found = set()
-            for atom, name in atoms.items():
-                if name not in regions:
-                    found.add("region dropped")  # its key is destroyed: nothing of it can be read
-                else:
-                    found.update(v.verdict for v in maintenance.verify(name, [atom]))
-            return found
-        finally:
-            db.close()
-            gc.collect()
+        """Citadel's readback of these atoms. A dropped region is created again, empty, for it
+        (as tests/test_erasure.py does): its old key is gone, so its atoms read back "missing"."""
+        found, dropped = _readback(path, atoms)
+        if dropped:
+            with CitadelSessionStore(path, KEY) as store:
+                found |= verdicts_after_recreating(store, dropped)
+        return found
+
+
+@pytest.fixture
+def twelve(tmp_path: Path) -> tuple[Path, str, FileContents]:
+    """A closed file holding session "s": 12 items in three add_items calls (three blocks)."""
+    path = tmp_path / "agent.cdl"
+    with CitadelSessionStore(path, KEY, argon2_profile="iot") as store:
+        write(store, "s", 12)
+        prefix = prefix_of(store, "s")
+    return path, prefix, FileContents(path, prefix)
 
 
 def indexed(store: CitadelSessionStore, session_id: str) -> set[int]:
@@ -95,29 +130,13 @@ def prefix_of(store: CitadelSessionStore, session_id: str) -> str:
     return f"coa.s.{store._file._local._layout.hid(session_id)}."
 
 
-def block_holding(contents: FileContents, path: Path, item: int, dim: int = MOCK_DIM) -> dict[int, str]:
-    db = citadeldb.connect(str(path), key=KEY, region_keys=True)
-    try:
-        maintenance = db.memory_maintenance()
-        for block, name in contents.blocks.items():
-            hit = maintenance.fetch_by_ids(name, [block])[0]
-            if item in read_block(block, hit.payload, dim).ids:
-                return {block: name}
-    finally:
-        db.close()
-        gc.collect()
-    raise AssertionError(f"no block holds item {item}")
-
-
-def test_a_pop_erases_the_block_of_its_item_and_the_rest_stay_searchable(tmp_path: Path) -> None:
-    path = tmp_path / "agent.cdl"
-    with CitadelSessionStore(path, KEY, argon2_profile="iot") as store:
-        write(store, "s", 12)
-        prefix = prefix_of(store, "s")
-    before = FileContents(path, prefix)
+def test_a_pop_erases_the_block_of_its_item_and_the_rest_stay_searchable(
+    twelve: tuple[Path, str, FileContents],
+) -> None:
+    path, prefix, before = twelve
     before.assert_one_entry_per_live_item()
     newest = max(before.items)
-    held_by = block_holding(before, path, newest)
+    held_by = before.holding(newest)
     with CitadelSessionStore(path, KEY) as store:
         session = store.session("s")
         assert asyncio.run(session.search("s fact number 11", limit=1)) == [turn("s", 11)]
@@ -133,15 +152,11 @@ def test_a_pop_erases_the_block_of_its_item_and_the_rest_stay_searchable(tmp_pat
     assert FileContents.verdicts(path, held_by) == {"missing"}, "the block is erased, not hidden"
 
 
-def test_clearing_through_an_item_erases_its_search_data(tmp_path: Path) -> None:
+def test_clearing_through_an_item_erases_its_search_data(twelve: tuple[Path, str, FileContents]) -> None:
     """What a client's clear sends to the owner: items up to an id go, later ones stay."""
-    path = tmp_path / "agent.cdl"
-    with CitadelSessionStore(path, KEY, argon2_profile="iot") as store:
-        write(store, "s", 12)
-        prefix = prefix_of(store, "s")
-    before = FileContents(path, prefix)
+    path, prefix, before = twelve
     through = sorted(before.items)[5]  # items 0..5 go, in the middle of the second block
-    blocks = {**block_holding(before, path, sorted(before.items)[0]), **block_holding(before, path, through)}
+    blocks = before.holding(sorted(before.items)[0], through)
     with CitadelSessionStore(path, KEY) as store:
         asyncio.run(store.session("s").search("s fact number 1"))
         store._file._local.clear_through("s", through)
@@ -169,20 +184,21 @@ def test_erase_reads_back_the_search_data_too(tmp_path: Path) -> None:
         assert indexed(store, "s") == set()
         assert receipt.readback_confirmed and receipt.items_erased == 12
     assert FileContents(path, prefix).blocks == {}
-    assert FileContents.verdicts(path, blocks) == {"region dropped"}
+    assert FileContents.verdicts(path, blocks) == {"missing"}
 
 
 def test_expired_items_take_their_search_data_with_them(tmp_path: Path) -> None:
     path = tmp_path / "agent.cdl"
-    with CitadelSessionStore(path, KEY, argon2_profile="iot", ttl=1.5) as store:
+    # Four items that expire at 3 s, four at 4.6 s: the checks between have 1.2 s to run.
+    with CitadelSessionStore(path, KEY, argon2_profile="iot", ttl=3.0) as store:
         write(store, "s", 4)
-        time.sleep(0.8)
+        time.sleep(1.6)
         session = store.session("s")
         asyncio.run(session.add_items([turn("s", n) for n in range(4, 8)]))
         prefix = prefix_of(store, "s")
         assert asyncio.run(session.search("s fact number 3", limit=8))
         assert len(indexed(store, "s")) == 8  # held in memory, read before expiry
-        time.sleep(0.9)  # the first four have expired, the last four not
+        time.sleep(1.8)  # the first four have expired, the last four not
         assert turn("s", 3) not in asyncio.run(session.search("s fact number 3", limit=8))
         assert store.purge_expired() == 4, "items counted, not items and their blocks"
         assert len(indexed(store, "s")) == 4, "expired entries leave the in-memory index too"
@@ -191,13 +207,10 @@ def test_expired_items_take_their_search_data_with_them(tmp_path: Path) -> None:
     assert len(left.items) == 4 and len(left.blocks) == 1
 
 
-def test_search_data_a_crash_left_behind_is_rebuilt(tmp_path: Path) -> None:
+def test_search_data_a_crash_left_behind_is_rebuilt(twelve: tuple[Path, str, FileContents]) -> None:
     """Killed after a pop, before the popped block's other entries were stored again: the
     next search embeds those items anew, and finds them."""
-    path = tmp_path / "agent.cdl"
-    with CitadelSessionStore(path, KEY, argon2_profile="iot") as store:
-        write(store, "s", 12)
-        prefix = prefix_of(store, "s")
+    path, prefix, _ = twelve
     program = (
         "import asyncio, os, sys\n"
         "from citadeldb_openai_agents import CitadelSessionStore\n"
@@ -250,8 +263,10 @@ def test_a_search_reads_only_its_session_and_then_only_the_hits(tmp_path: Path, 
 
             return recorded
 
-    real = reads.search
-    monkeypatch.setattr(reads, "search", lambda layout, memory, *rest: real(layout, Recorder(memory), *rest))
+    real = reads.search_placed
+    monkeypatch.setattr(
+        reads, "search_placed", lambda layout, memory, *rest: real(layout, Recorder(memory), *rest)
+    )
     with CitadelSessionStore(path, KEY, argon2_profile="iot") as store:
         for n in range(40):
             write(store, f"other-{n}", 40, batch=20)
@@ -294,21 +309,18 @@ def test_search_through_a_client_matches_the_owner(tmp_path: Path, limit: int) -
     assert json.loads(done.stdout) == expected and expected[0] == turn("s", 23)
 
 
-def test_a_compaction_erases_the_search_data_of_what_it_replaces(tmp_path: Path) -> None:
-    path = tmp_path / "agent.cdl"
-    with CitadelSessionStore(path, KEY, argon2_profile="iot") as store:
-        write(store, "s", 12)
-        prefix = prefix_of(store, "s")
-    before = FileContents(path, prefix)
+@pytest.mark.skipif(not SDK_HAS_THE_HOOK, reason="this SDK has no compaction hook")
+def test_a_compaction_erases_the_search_data_of_what_it_replaces(
+    twelve: tuple[Path, str, FileContents],
+) -> None:
+    path, prefix, before = twelve
     replaced = sorted(before.items)[8:]  # the last block's four items
-    blocks = block_holding(before, path, replaced[0])
+    blocks = before.holding(replaced[0])
 
     async def compact() -> list[Any]:
         with CitadelSessionStore(path, KEY) as store:
             session = store.session("s")
             snapshot = await session._get_compaction_snapshot(4)
-            if snapshot is None:
-                pytest.skip("this SDK has no compaction hook")
             assert await snapshot.replace_suffix(0, [{"role": "assistant", "content": "summary of 8 to 11"}])
             assert indexed(store, "s").isdisjoint(replaced)
             return await session.search("summary", limit=1)
@@ -318,3 +330,38 @@ def test_a_compaction_erases_the_search_data_of_what_it_replaces(tmp_path: Path)
     after.assert_one_entry_per_live_item()
     assert len(after.items) == 9
     assert FileContents.verdicts(path, blocks) == {"missing"}
+
+
+def test_pops_across_batches_after_a_reopen_erase_every_block(tmp_path: Path) -> None:
+    """Pops with no index loaded find each item's block beside it; the entries a pop leaves
+    waiting must not hide the block of the next batch popped (nor of one written since)."""
+    path = tmp_path / "agent.cdl"
+    with CitadelSessionStore(path, KEY, argon2_profile="iot") as store:
+        write(store, "s", 6, batch=2)
+        prefix = prefix_of(store, "s")
+    with CitadelSessionStore(path, KEY) as store:
+        session = store.session("s")
+        assert asyncio.run(session.pop_item()) == turn("s", 5)
+        asyncio.run(session.add_items([turn("s", 6), turn("s", 7)]))
+        popped = [asyncio.run(session.pop_item()) for _ in range(4)]
+        assert popped == [turn("s", n) for n in (7, 6, 4, 3)]
+    after = FileContents(path, prefix)
+    after.assert_one_entry_per_live_item()
+    assert len(after.items) == 3
+
+
+def test_the_search_tool_numbers_hits_from_the_search_data(tmp_path: Path) -> None:
+    """Positions (1: the oldest) and the item count come from the in-memory index, and must
+    match the session as get_items reads it, across segments, after pops and expiry-free gaps."""
+    path = tmp_path / "agent.cdl"
+    with CitadelSessionStore(path, KEY, argon2_profile="iot") as store:
+        write(store, "s", 600, batch=6)  # three segments
+        session = store.session("s")
+        for _ in range(3):
+            asyncio.run(session.pop_item())
+        held = asyncio.run(session.get_items())
+        hits, count = store._search_with_positions("s", "s fact number 301", 7)
+        assert count == len(held) == 597
+        assert len(hits) == 7
+        for hit in hits:
+            assert [held[position - 1] for position in hit.positions] == [hit.item] * len(hit.positions)

@@ -141,7 +141,9 @@ def _audit_session(
     for number, name in sorted(numbers.items()):
         region = inventory.regions[name]
         # Items only: a segment also holds write markers (client writes), counted apart.
-        live = region.live_items(inventory.taken_at) - set(record.erasing)
+        # An erasure a crash interrupted leaves its atoms unreadable: they go when the file
+        # opens. Those it had not reached yet are still live, and counted.
+        live = region.live_items(inventory.taken_at) - (set(record.erasing) & region.unreadable)
         if number not in listed:
             # Unlisted before its drop, which a crash then interrupted. A number the
             # record never handed out cannot come from us.

@@ -126,3 +126,28 @@ def _part_text(part: Any) -> str:
 def in_context(question: str, text: str, from_user: bool) -> str:
     """What an item's vector is computed from: a reply's text after the question it answers."""
     return f"{question}\n{text}" if question and not from_user else text
+
+
+def in_contexts(question: str, texts: list[str], from_user: list[bool]) -> tuple[list[str], str]:
+    """What each of these items' vectors is computed from, in order, after `question` (the
+    latest user message before them); and the latest user message after them."""
+    contexts = []
+    for text, user in zip(texts, from_user, strict=True):
+        if user:
+            question = text
+        contexts.append(in_context(question, text, user))
+    return contexts, question
+
+
+# How many of a session's newest items are searched for its latest user message (after a
+# restart, or for the segment before one being repaired).
+QUESTION_LOOKBACK = 32
+
+
+def latest_question(payloads: list[str]) -> str | None:
+    """The text of the newest user message among these stored items (None: there is none)."""
+    for payload in reversed(payloads):
+        item = decode_item(payload)
+        if is_user_message(item):
+            return search_text(item)
+    return None

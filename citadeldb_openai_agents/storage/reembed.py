@@ -16,7 +16,7 @@ import numpy as np
 from citadeldb.memory import Memory
 
 from ..embedders.protocol import Embedder, EmbedderIdentity, embed_documents
-from .codec import ITEM_KIND, SEARCH_KIND, decode_item, in_context, is_user_message, search_text
+from .codec import ITEM_KIND, SEARCH_KIND, decode_item, in_contexts, is_user_message, search_text
 from .records import CATALOG_REGION, META_KIND, META_REGION, parse_segment, segment_name
 from .search_blocks import Entries, block_atom, derive
 from .segments import ALL, regions
@@ -53,16 +53,10 @@ def reembed_file(
             # Reading the items needs the region attached, to the model it was written with.
             memory.create_encrypted_region(region, _StoredModel(stored[region]))
             hits = memory.fetch(region, ITEM_KIND, limit=ALL)
-            contexts, texts, users = [], [], []
-            for hit in hits:
-                item = decode_item(hit.payload)
-                user = is_user_message(item)
-                own = search_text(item)  # not hit.text: older files hold question+own there
-                if user:
-                    question = own
-                contexts.append(in_context(question, own, user))
-                texts.append(own)
-                users.append(user)
+            decoded = [decode_item(hit.payload) for hit in hits]
+            texts = [search_text(item) for item in decoded]  # not hit.text: older files hold question+own
+            users = [is_user_message(item) for item in decoded]
+            contexts, question = in_contexts(question, texts, users)
             vectors = embed_documents(embedder, contexts, _STOPPED) if hits else []
             by_text: dict[str, deque[list[float]]] = {}
             for hit, vector in zip(hits, vectors, strict=True):

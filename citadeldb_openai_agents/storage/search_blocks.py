@@ -131,6 +131,11 @@ def derive(vectors: list[list[float]], texts: list[str], from_user: list[bool], 
     )
 
 
+def placeholder_vector(dim: int) -> list[float]:
+    """The vector Citadel wants for an atom that is never recalled (a block, a write marker)."""
+    return [1.0] + [0.0] * (dim - 1)
+
+
 def block_atom(entries: Entries, dim: int, expires_at: int | None, *, own: bool) -> dict[str, Any]:
     """The atom holding `entries`: for the `own` items written just before it, or for `entries.ids`."""
     payload: dict[str, Any] = {
@@ -148,8 +153,7 @@ def block_atom(entries: Entries, dim: int, expires_at: int | None, *, own: bool)
     atom: dict[str, Any] = {
         "kind": SEARCH_KIND,
         "text": "search",
-        # Citadel wants a vector for every atom; a block is never recalled (kind filter).
-        "embedding": [1.0] + [0.0] * (dim - 1),
+        "embedding": placeholder_vector(dim),
         "payload": payload,
     }
     if expires_at is not None:

@@ -73,7 +73,7 @@ class SegmentIndex:
 
     @property
     def nbytes(self) -> int:
-        return self.view()[0].nbytes
+        return sum(chunk.entries.nbytes for chunk in self.chunks)
 
     def take_out(self, ids: set[int]) -> list[int]:
         """Remove these items' entries; return the blocks that held them.
@@ -92,10 +92,6 @@ class SegmentIndex:
         self.chunks = [chunk for chunk in self.chunks if len(chunk.entries)]
         self._view = None
         return blocks
-
-    def stored(self, chunk: Chunk, block: int) -> None:
-        """A pending chunk now has its block atom."""
-        chunk.block = block
 
     def drop_expired(self, now: int) -> None:
         self.chunks = [c for c in self.chunks if c.expires_at is None or c.expires_at > now]
@@ -202,22 +198,25 @@ class SearchCache:
     def __init__(self, budget: int = SEARCH_CACHE_BYTES) -> None:
         self.budget = budget
         self._used: OrderedDict[tuple[str, int], tuple[int, Callable[[], bool]]] = OrderedDict()
+        self._total = 0  # the bytes of every index in `_used`
         self._lock = threading.Lock()
 
     def note(self, key: tuple[str, int], nbytes: int, drop: Callable[[], bool]) -> None:
         """`key`'s index was used and holds `nbytes`; `drop()` lets it go (False if it cannot now)."""
         with self._lock:
+            self._forget(key)
             self._used[key] = (nbytes, drop)
-            self._used.move_to_end(key)
-            total = sum(size for size, _ in self._used.values())
+            self._total += nbytes
             for old in list(self._used):
-                if total <= self.budget or old == key:
+                if self._total <= self.budget or old == key:
                     break
-                size, release = self._used[old]
-                if release():
-                    del self._used[old]
-                    total -= size
+                if self._used[old][1]():
+                    self._forget(old)
 
     def forget(self, key: tuple[str, int]) -> None:
         with self._lock:
-            self._used.pop(key, None)
+            self._forget(key)
+
+    def _forget(self, key: tuple[str, int]) -> None:
+        size, _ = self._used.pop(key, (0, None))
+        self._total -= size

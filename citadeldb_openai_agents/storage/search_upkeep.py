@@ -24,17 +24,25 @@ import logging
 from itertools import groupby
 
 import numpy as np
-from citadeldb.memory import Memory
+from citadeldb.memory import AtomHit, Memory
 
 from ..embedders.protocol import embed_documents
 from ..errors import CorruptDatabaseError
-from .codec import ITEM_KIND, SEARCH_KIND, decode_item, in_context, is_user_message, search_text
+from .codec import (
+    ITEM_KIND,
+    QUESTION_LOOKBACK,
+    SEARCH_KIND,
+    decode_item,
+    in_contexts,
+    is_user_message,
+    latest_question,
+    search_text,
+)
 from .search_blocks import Entries, block_atom, derive, read_block
 from .search_index import Chunk, SegmentIndex
 from .segments import ALL, SessionLayout, SessionState
 
 logger = logging.getLogger("citadeldb_openai_agents")
-_QUESTION_LOOKBACK = 32
 
 
 def loaded(layout: SessionLayout, memory: Memory, state: SessionState, number: int) -> SegmentIndex:
@@ -72,14 +80,16 @@ def _load(
                 f"{layout.path}: search data atom {hit.id} of session {state.session_id!r} cannot be "
                 f"decoded ({exc}). Run `python -m citadeldb_openai_agents reembed` to rebuild search data."
             ) from None
-    waiting = pending.chunks if pending is not None else []
+    # Only the entries still without a block: those a block holds are read from the file.
+    waiting = pending.pending if pending is not None else []
     covered = {int(atom) for chunk in waiting for atom in chunk.entries.ids}
     covered.update(int(atom) for _, entries in blocks for atom in entries.ids)
     # The common case, read from this region alone: as many live items as entries. Only
     # otherwise (a crash, an older file, a lost block) are the item ids read to tell which.
-    live = (
-        None if memory.count(region, ITEM_KIND) == len(covered) else _live_ids(layout, memory, state, number)
+    hits = (
+        None if memory.count(region, ITEM_KIND) == len(covered) else _live_hits(layout, memory, state, number)
     )
+    live = None if hits is None else {hit.id for hit in hits}
     index = SegmentIndex(layout.identity.dim, complete=True)
     seen: set[int] = set()
     stale: list[int] = []
@@ -100,18 +110,17 @@ def _load(
     if stale:
         memory.forget(region, stale)
         logger.info("erased %d search data atoms of erased items in %s", len(stale), layout.path)
-    missing = sorted(live - seen) if live is not None else []
-    if missing:
-        _repair(layout, memory, state, number, index, set(missing))
+    if hits is not None and live is not None and live - seen:
+        _repair(layout, memory, state, number, index, hits, live - seen)
     store_pending(layout, memory, state, number, index)
     return index
 
 
-def _live_ids(layout: SessionLayout, memory: Memory, state: SessionState, number: int) -> set[int]:
+def _live_hits(layout: SessionLayout, memory: Memory, state: SessionState, number: int) -> list[AtomHit]:
     """The segment's live items, checked against the pages (a short read is damage)."""
-    ids = [hit.id for hit in layout.live_hits(memory, state, number)]
-    layout.check_complete(state, {number: ids})
-    return set(ids)
+    hits = layout.live_hits(memory, state, number)
+    layout.check_complete(state, {number: [hit.id for hit in hits]})
+    return hits
 
 
 def _repair(
@@ -120,31 +129,27 @@ def _repair(
     state: SessionState,
     number: int,
     index: SegmentIndex,
+    hits: list[AtomHit],
     ids: set[int],
 ) -> None:
-    """Embed these items again from their stored text, as `append` did (with their question)."""
-    hits = layout.live_hits(memory, state, number)
-    question = _question_before(layout, memory, state, number)
-    chosen, texts, contexts, users, expiry = [], [], [], [], []
-    for hit in hits:
-        item = decode_item(hit.payload)
-        user = is_user_message(item)
-        text = search_text(item)
-        if hit.id in ids:
-            chosen.append(hit.id)
-            texts.append(text)
-            contexts.append(in_context(question, text, user))
-            users.append(user)
-            expiry.append(hit.expires_at)
-        if user:
-            question = text
-    if len(chosen) < len(ids):
-        layout.check_complete(state, {number: [hit.id for hit in hits]})
+    """Embed these items (of the segment's live `hits`) again from their stored text, as
+    `append` did: each after the user message before it."""
+    items = [decode_item(hit.payload) for hit in hits]
+    texts = [search_text(item) for item in items]
+    users = [is_user_message(item) for item in items]
+    contexts, _ = in_contexts(_question_before(layout, memory, state, number), texts, users)
+    chosen = [row for row, hit in enumerate(hits) if hit.id in ids]
     if not chosen:
         return
     logger.info("re-embedding %d items without search data in %s", len(chosen), layout.path)
-    entries = derive(embed_documents(layout.embedder, contexts), texts, users, layout.identity.metric)
-    entries = entries.with_ids(chosen)
+    vectors = embed_documents(
+        layout.embedder, [contexts[row] for row in chosen], "the search stopped there; nothing was lost"
+    )
+    entries = derive(
+        vectors, [texts[row] for row in chosen], [users[row] for row in chosen], layout.identity.metric
+    )
+    entries = entries.with_ids([hits[row].id for row in chosen])
+    expiry = [hits[row].expires_at for row in chosen]
     for expires_at, rows in groupby(range(len(chosen)), key=lambda row: expiry[row]):
         mask = np.zeros(len(chosen), dtype=np.bool_)
         mask[list(rows)] = True
@@ -152,22 +157,21 @@ def _repair(
 
 
 def _question_before(layout: SessionLayout, memory: Memory, state: SessionState, number: int) -> str:
+    """The latest user message before segment `number` (looked for in the segment before it)."""
     earlier = [n for n in state.segments if n < number]
     if not earlier:
         return ""
     region = layout.region(memory, state, earlier[-1])
-    for hit in reversed(memory.fetch(region, ITEM_KIND, limit=_QUESTION_LOOKBACK, newest=True)):
-        item = decode_item(hit.payload)
-        if is_user_message(item):
-            return search_text(item)
-    return ""
+    hits = memory.fetch(region, ITEM_KIND, limit=QUESTION_LOOKBACK, newest=True)
+    return latest_question([str(hit.payload) for hit in hits]) or ""
 
 
 def pending_atoms(
-    layout: SessionLayout, state: SessionState, number: int
+    layout: SessionLayout, state: SessionState, number: int, index: SegmentIndex | None = None
 ) -> tuple[list[Chunk], list[dict[str, object]]]:
-    """The segment's entries waiting for a block, and the block atoms that would store them."""
-    index = state.search.get(number)
+    """The entries of the segment's index (or of `index`, one not yet in place) that wait for
+    a block, and the block atoms that would store them."""
+    index = index if index is not None else state.search.get(number)
     chunks = index.pending if index is not None else []
     atoms = [block_atom(c.entries, layout.identity.dim, c.expires_at, own=False) for c in chunks]
     return chunks, atoms
@@ -176,8 +180,8 @@ def pending_atoms(
 def store_pending(
     layout: SessionLayout, memory: Memory, state: SessionState, number: int, index: SegmentIndex | None = None
 ) -> None:
-    """Store the segment's entries that wait for a block, in one commit."""
-    chunks, atoms = pending_atoms(layout, state, number)
+    """Store, in one commit, the entries of the segment's index (or of `index`) that wait for a block."""
+    chunks, atoms = pending_atoms(layout, state, number, index)
     if atoms:
         ids = memory.remember_batch(layout.region(memory, state, number), atoms)
         for chunk, atom in zip(chunks, ids, strict=True):
@@ -199,8 +203,8 @@ def take_out(
     """Before erasing these items of a segment: the block atoms holding their entries, to be
     forgotten with them. The blocks' other entries wait in memory for a new block."""
     index = state.search.get(number)
-    if index is None:
-        fast = _own_block(layout, memory, state, number, ids)
+    if index is None or not index.complete:
+        fast = _own_block(layout, memory, state, number, ids, index)
         if fast is not None:
             return fast
         index = loaded(layout, memory, state, number)
@@ -208,9 +212,17 @@ def take_out(
 
 
 def _own_block(
-    layout: SessionLayout, memory: Memory, state: SessionState, number: int, ids: list[int]
+    layout: SessionLayout,
+    memory: Memory,
+    state: SessionState,
+    number: int,
+    ids: list[int],
+    waiting: SegmentIndex | None,
 ) -> list[int] | None:
-    """Without the index: the block written with the newest item's batch sits right after it."""
+    """Without the index: the block written with the newest item's batch sits right after it.
+
+    Its other entries join `waiting` (the entries earlier pops left without a block), so
+    that they are stored again and none of them is lost from sight."""
     if len(ids) != 1:
         return None
     region = layout.region(memory, state, number)
@@ -223,7 +235,7 @@ def _own_block(
         return None
     if ids[0] not in {int(atom) for atom in entries.ids}:
         return None
-    rest = SegmentIndex(layout.identity.dim, complete=False)
+    rest = waiting if waiting is not None else SegmentIndex(layout.identity.dim, complete=False)
     rest.add(entries.select(entries.ids != ids[0]), 0, hit.expires_at)
     state.search[number] = rest
     return [hit.id]
@@ -245,12 +257,6 @@ def appended(
     if index is not None and index.complete:
         index.add(entries, block, expires_at)
         layout.search_cache.note((state.hid, number), index.nbytes, lambda: _drop_idle(state, number, index))
-
-
-def forget_segment(layout: SessionLayout, state: SessionState, number: int) -> None:
-    """The segment was dropped: its index goes with it."""
-    state.search.pop(number, None)
-    layout.search_cache.forget((state.hid, number))
 
 
 def expired(state: SessionState, now: int) -> None:

@@ -17,19 +17,16 @@ from . import search_upkeep
 from .codec import (
     BATCH_KIND,
     ITEM_KIND,
+    QUESTION_LOOKBACK,
     SEARCH_KIND,
-    decode_item,
     digest,
-    in_context,
-    is_user_message,
-    search_text,
+    in_contexts,
+    latest_question,
 )
 from .reads import all_items, newest, newest_hit, newest_in
 from .records import CATALOG_REGION
-from .search_blocks import block_atom, derive
+from .search_blocks import block_atom, derive, placeholder_vector
 from .segments import ALL, SEGMENT_CAPACITY, SessionLayout, SessionState, now_micros
-
-_QUESTION_LOOKBACK = 32  # items searched back for the latest user message after a restart
 
 
 def append(
@@ -55,12 +52,7 @@ def append(
     index is what a longer text makes a write pay for (+20% a turn), the
     vector costs the same whatever it was computed from.
     """
-    question = last_question(layout, memory, state)
-    contextual = []
-    for text, user in zip(texts, from_user, strict=True):
-        if user:
-            question = text
-        contextual.append(in_context(question, text, user))
+    contextual, question = in_contexts(last_question(layout, memory, state), texts, from_user)
     vectors = embed_documents(layout.embedder, contextual)
     entries = derive(vectors, texts, from_user, layout.identity.metric)
     if expires_at is not None:
@@ -75,8 +67,7 @@ def append(
     # The batch's search data, in the same commit: it is written, and erased, with the items.
     atoms.append(block_atom(entries, layout.identity.dim, expires_at, own=True))
     if batch is not None:
-        # Citadel wants a vector for every atom; a marker is never searched (kind filter).
-        vector = [1.0] + [0.0] * (layout.identity.dim - 1)
+        vector = placeholder_vector(layout.identity.dim)
         atoms.append({"kind": BATCH_KIND, "text": "batch", "embedding": vector, "payload": {"batch": batch}})
     if not state.segments or layout.tail_stored(memory, state) >= SEGMENT_CAPACITY:
         for number in [n for n, index in state.search.items() if index.pending]:
@@ -114,12 +105,7 @@ def committed(layout: SessionLayout, memory: Memory, state: SessionState, batch:
 def last_question(layout: SessionLayout, memory: Memory, state: SessionState) -> str:
     """The latest user message's text (looked up once, then kept up to date)."""
     if state.last_question is None:
-        state.last_question = ""
-        for payload in reversed(newest(layout, memory, state, _QUESTION_LOOKBACK)):
-            item = decode_item(payload)
-            if is_user_message(item):
-                state.last_question = search_text(item)
-                break
+        state.last_question = latest_question(newest(layout, memory, state, QUESTION_LOOKBACK)) or ""
     return state.last_question
 
 
@@ -135,14 +121,13 @@ def pop(layout: SessionLayout, memory: Memory, state: SessionState) -> str | Non
             continue
         hit = hits[0]
         record = layout.record(state)
-        record.erasing = [hit.id]  # announced: a crash mid-erasure is not damage
         if state.tail_ids == [hit.id] and record.segments is not None:
             # The segment's last live item: dropping the segment erases its key too.
             layout.drop_segment(memory, state, number)
             return str(hit.payload)
         # Its search data goes in the same forget (the block's other entries wait in memory).
         blocks = search_upkeep.take_out(layout, memory, state, number, [hit.id])
-        record.erasing = [hit.id, *blocks]
+        record.erasing = [hit.id, *blocks]  # announced: a crash mid-erasure is not damage
         layout.write_record(memory, state)
         receipt = memory.forget(layout.region(memory, state, number), [hit.id, *blocks])
         if receipt.rows_deleted == 0:
