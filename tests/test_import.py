@@ -14,7 +14,6 @@ import struct
 import subprocess
 import termios
 from pathlib import Path
-from typing import Any
 
 import pytest
 from agents import SQLiteSession
@@ -29,7 +28,7 @@ from citadeldb_openai_agents import (
     import_file,
 )
 
-from sdk_sources import read_sqlite_source, session_id, session_items, write_sqlite_source
+from sdk_sources import as_text, read_sqlite_source, session_id, session_items, write_sqlite_source
 
 SESSIONS, ITEMS = 50, 200
 
@@ -48,11 +47,6 @@ def database(tmp_path: Path) -> Path:
     path = tmp_path / "agent.cdl"
     CitadelSessionStore(path, PASSPHRASE, argon2_profile="iot", sync_mode="off").close()
     return path
-
-
-def as_text(items: list[Any]) -> list[str]:
-    """Items compared as text: equal lists of equal texts means equal items in equal key order."""
-    return [json.dumps(item, ensure_ascii=False) for item in items]
 
 
 def assert_same_sessions(database: Path, source: Path, sessions: range, *, advanced: bool = False) -> None:
@@ -280,3 +274,20 @@ def test_import_into_a_missing_file_is_refused_unless_create(sdk_file: Path, tmp
     assert f"imported 1 session, {ITEMS} items" in done.stdout
     with CitadelSessionStore(path, PASSPHRASE) as store:
         assert store.session_ids() == [session_id(3)]
+
+
+def test_rows_that_are_not_json_are_counted_once_on_a_rerun(tmp_path: Path) -> None:
+    """A rerun reads an occupied session twice (the refusal check, then the import)."""
+    import sqlite3
+
+    source = tmp_path / "old.db"
+    write_sqlite_source(source, 1, 4)
+    with sqlite3.connect(source) as connection:
+        connection.execute(
+            "INSERT INTO agent_messages (session_id, message_data) VALUES (?, ?)", (session_id(0), "not json")
+        )
+    path = tmp_path / "agent.cdl"
+    for _ in range(2):
+        done = run("import", str(source), "--json", "--create", env=environment(path))
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["rows_skipped"] == 1

@@ -65,7 +65,7 @@ def plan(held: list[str], incoming: list[str], mode: ImportMode, chunk: int) -> 
     """
     if not held or not incoming:
         return ImportPlan(0)
-    boundaries = [*range(chunk, len(incoming), chunk), len(incoming)] if incoming else []
+    boundaries = [*range(chunk, len(incoming), chunk), len(incoming)]
     if mode == "append":
         for end in reversed(boundaries):
             if end <= len(held) and held[len(held) - end :] == incoming[:end]:

@@ -88,7 +88,9 @@ class SqliteSource:
             )
         self.advanced = "message_structure" in tables
         self.kind = "AdvancedSQLiteSession file" if self.advanced else "SQLiteSession file"
-        self.skipped = 0  # rows that are not JSON, skipped as the SDK skips them
+        # Rows that are not JSON, skipped as the SDK skips them: per session, so that a
+        # session read twice (a check, then the import) is counted once.
+        self._skipped: dict[str, int] = {}
 
     def sessions(self) -> list[tuple[str, int]]:
         """Each session id with its row count, in the order the sessions began."""
@@ -105,12 +107,18 @@ class SqliteSource:
                 f"SELECT message_data FROM {self._messages} WHERE session_id = ? ORDER BY id", (session_id,)
             ).fetchall()
         items = []
+        skipped = 0
         for (data,) in rows:
             try:
                 items.append(json.loads(data))
             except (json.JSONDecodeError, TypeError):
-                self.skipped += 1
+                skipped += 1
+        self._skipped[session_id] = skipped
         return items
+
+    @property
+    def skipped(self) -> int:
+        return sum(self._skipped.values())
 
     def _main_branch(self, session_id: str) -> list[Any]:
         return self._connection.execute(
