@@ -226,32 +226,3 @@ def test_reembed_command_applies_the_configured_embedder(tmp_path: Path, key: st
     assert "re-embedded 1 item" in done.stdout and key not in done.stdout + done.stderr
     listed = subprocess.run([*command, "export", "s"], env=env, capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0 and "kept through reembed" in listed.stdout
-
-
-@pytest.mark.embeddings
-def test_a_query_runs_the_model_directly_with_the_vector_encode_gives() -> None:
-    import numpy as np
-
-    from citadeldb_openai_agents import SentenceTransformerEmbedder
-    from citadeldb_openai_agents.embedders import local
-
-    model = SentenceTransformerEmbedder()
-    assert model._direct is not None, "all-MiniLM-L6-v2 is a transformer, mean pooling, normalisation"
-    queries = ["why did the release break?", "a much longer query about pasta, trains and a broken disk"]
-    direct = np.asarray(model.embed_queries_with_cancel(queries))
-    encoded = np.asarray(model._encode(queries, None, prompt_name=None))
-    assert np.abs(direct - encoded).max() < 1e-5
-    # Another pooling: the direct path would compute the wrong vector, so encode stays.
-    pooling = model._model[1]
-    saved = pooling.pooling_mode if hasattr(pooling, "pooling_mode") else None
-    try:
-        if saved is not None:
-            pooling.pooling_mode = "cls"
-        else:
-            pooling.pooling_mode_cls_token = True
-        assert local._direct_forward(model._model) is None
-    finally:
-        if saved is not None:
-            pooling.pooling_mode = saved
-        else:
-            pooling.pooling_mode_cls_token = False
