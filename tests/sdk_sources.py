@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -96,3 +97,8 @@ def read_sqlite_source(path: Path, number: int, *, advanced: bool = False) -> li
             session.close()
 
     return asyncio.run(read())
+
+
+def as_text(items: list[Any]) -> list[str]:
+    """Items compared as text: equal lists of equal texts means equal items in equal key order."""
+    return [json.dumps(item, ensure_ascii=False) for item in items]

@@ -10,7 +10,7 @@ flight; never neither, never both, never a mix. Citadel's check of every item an
 pages (`verify`) must pass: an old item left stored but hidden, or half erased, fails it.
 
 The default run kills 30 replacers; ``python -m pytest -m slow tests/test_compaction_crash.py``
-kills 200. ``CRASH_SEED=<n>`` replays a run (the seed is in the failure message).
+kills 200. ``CRASH_SEED=<n>`` replays the kill delays (the seed is in the failure message; where a kill lands also depends on timing).
 """
 
 from __future__ import annotations

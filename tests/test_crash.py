@@ -9,7 +9,7 @@ integrity check passes. A kill in the middle of a pop or a clear leaves what Cit
 cannot read: the file must still open, with nothing reported as damage.
 
 The default run kills 30 writers; ``python -m pytest -m slow tests/test_crash.py``
-kills 300. ``CRASH_SEED=<n>`` replays a run (the seed is in the failure message).
+kills 300. ``CRASH_SEED=<n>`` replays the kill delays (the seed is in the failure message; where a kill lands also depends on timing).
 """
 
 from __future__ import annotations

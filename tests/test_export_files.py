@@ -22,7 +22,7 @@ from citadeldb_openai_agents import (
     export_sqlite,
 )
 
-from sdk_sources import session_items
+from sdk_sources import as_text, session_items
 
 # Ids a file name cannot simply be: a slash, a dot-dot, a long one, case twins, unicode, a newline.
 AWKWARD_IDS = ["a/b", "..", "x" * 3000, "Bob", "bob", "ünï ✓ 会话", "line\nbreak", ".hidden"]
@@ -35,10 +35,6 @@ def database(tmp_path: Path) -> Path:
         for number, session_id in enumerate(AWKWARD_IDS):
             asyncio.run(store.session(session_id).add_items(session_items(number, 12 + number)))
     return path
-
-
-def as_text(items: list[Any]) -> list[str]:
-    return [json.dumps(item, ensure_ascii=False) for item in items]
 
 
 async def read_with_the_sdk(path: Path, session_id: str) -> list[Any]:

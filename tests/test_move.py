@@ -5,7 +5,7 @@ both files (the erase still to do), never in neither, and a rerun finishes the m
 kill tests SIGKILL the `move` command at random moments (10 by default; ``-m slow``: 40; as a
 client of another process that owns one of the files, 4 and 20) and check that after each
 kill, then rerun it and check the source erased through Citadel's own readback.
-``MOVE_SEED=<n>`` replays a run (the seed is in the failure message).
+``MOVE_SEED=<n>`` replays the kill delays (the seed is in the failure message; where a kill lands also depends on timing).
 """
 
 from __future__ import annotations
@@ -41,15 +41,10 @@ from citadeldb_openai_agents import (
 )
 
 from conftest import KEY
-from sdk_sources import session_items
+from sdk_sources import as_text, session_items
 
 OTHER_KEY = "another passphrase for the target 5e1d"
 CHUNK = 256  # import_items' chunk: an interrupted copy leaves a multiple of it
-
-
-def as_text(items: list[Any]) -> list[str]:
-    """Items compared as text: equal lists of equal texts means equal items in equal key order."""
-    return [json.dumps(item, ensure_ascii=False) for item in items]
 
 
 def held(store: CitadelSessionStore, session_id: str) -> list[str]:
