@@ -183,6 +183,46 @@ async def test_the_owners_errors_reach_the_client_unchanged(service: Service, db
             client.rotate_key(KEY, "a new passphrase")
 
 
+# Opens the file at the given time, says who serves it, keeps it a while.
+STARTING_AT_ONCE = textwrap.dedent(
+    """
+    import sys, time
+    from citadeldb_openai_agents import CitadelSessionStore
+    start = float(sys.argv[3])
+    time.sleep(max(0.0, start - time.time()))
+    with CitadelSessionStore(sys.argv[1], sys.argv[2], argon2_profile="iot") as store:
+        print(store.served_by or "owner", flush=True)
+        time.sleep(2.0)  # every process has opened by then: the owner is still there
+    """
+)
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_four_processes_starting_at_once_on_a_new_file_share_it(tmp_path: Path, attempt: int) -> None:
+    # As `uvicorn --workers 4` starts on a new file: Citadel's creation is not locked
+    # between processes, and 6 starts of 8 had a worker fail ("File exists", or the key
+    # file missing) before opens were guarded (storage/files.py `opening`).
+    path = tmp_path / "new.cdl"
+    start = time.time() + 1.0
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", STARTING_AT_ONCE, str(path), KEY, str(start)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    said = []
+    for process in processes:
+        out, err = process.communicate(timeout=60)
+        assert process.returncode == 0, err
+        said.append((process.pid, out.strip()))
+    owners = [pid for pid, line in said if line == "owner"]
+    assert len(owners) == 1, said
+    assert all(line == str(owners[0]) for pid, line in said if pid != owners[0]), said
+
+
 def test_a_wrong_passphrase_is_refused_by_the_owner(service: Service, db_path: Path) -> None:
     with pytest.raises(WrongPassphraseError, match="does not accept it") as caught:
         CitadelSessionStore(db_path, "not the passphrase")

@@ -40,7 +40,7 @@ from ..errors import (
 from ..options import Argon2Profile, SyncMode, check_argon2_profile, check_cache_size, check_sync_mode
 from . import inventory
 from .codec import ITEM_KIND
-from .files import AUDIT_SUFFIX, COMPANION_SUFFIXES
+from .files import AUDIT_SUFFIX, COMPANION_SUFFIXES, opening
 from .process import current_pid
 from .translate import companions_missing, translate_open_error, translate_storage_error
 
@@ -136,7 +136,8 @@ class OpenDatabase:
     ) -> None:
         key = secret.pop()
         try:
-            db = citadeldb.connect(self.path, key=key, region_keys=True, options=options)
+            with opening(self.path):
+                db = citadeldb.connect(self.path, key=key, region_keys=True, options=options)
         except BaseException as exc:  # handed to the opener, re-raised there
             opened.set_exception(translate_open_error(exc, self.path))
             return
