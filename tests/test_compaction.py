@@ -405,10 +405,8 @@ async def test_a_replacement_whose_answer_was_lost_is_sent_again_and_made_once(
             await session.add_items([{"n": n} for n in range(5)])
             real, sent = RemoteOwner.call, []
 
-            def answer_lost(
-                self: RemoteOwner, operation: str, args: tuple[Any, ...], progress: Any = None
-            ) -> Any:
-                result = real(self, operation, args, progress)
+            def answer_lost(self: RemoteOwner, operation: str, args: tuple[Any, ...], *rest: Any) -> Any:
+                result = real(self, operation, args, *rest)
                 if operation == "replace_suffix":
                     sent.append((args[-2], args[-1]))  # (batch id, sent again)
                     if len(sent) == 1:

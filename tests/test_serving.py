@@ -40,7 +40,9 @@ from citadeldb_openai_agents.serving.address import socket_path
 from conftest import KEY
 
 # A service: owns the file (it opens it first), then runs what the test sends, one line each:
-# `add <session> <text>`, `count <session>`, `die-after-next <operation>`, `exit`.
+# `add <session> <text>`, `count <session>`, `die-<when> <operation>`, `exit`, where <when> is
+# `before` (it dies as the call arrives), `at-note` (right after it notes what it will erase,
+# before erasing) or `after-next` (once the call is committed, before it answers).
 SERVICE = textwrap.dedent(
     """
     import asyncio, json, logging, os, signal, sys
@@ -50,12 +52,19 @@ SERVICE = textwrap.dedent(
 
     store = CitadelSessionStore(sys.argv[1], sys.argv[2], argon2_profile="iot", serve=sys.argv[3] == "serve")
 
-    def die_after(name):
-        # The owner commits the call, then dies before it answers: the client cannot know.
+    def die(when, name):
+        # The owner dies at a point of the call the client cannot see: it only loses the owner.
         real = getattr(local.LocalFile, name)
-        def dying(self, *args, **kwargs):
-            result = real(self, *args, **kwargs)
+        def kill():
             os.kill(os.getpid(), signal.SIGKILL)
+        def dying(self, *args, **kwargs):
+            if when == "before":
+                kill()
+            if when == "at-note":
+                note = kwargs["note"]
+                kwargs["note"] = lambda value: (note(value), kill())
+            result = real(self, *args, **kwargs)
+            kill()
             return result
         setattr(local.LocalFile, name, dying)
 
@@ -68,8 +77,8 @@ SERVICE = textwrap.dedent(
             print("added", flush=True)
         elif command == "count":
             print(len(asyncio.run(store.session(rest).get_items())), flush=True)
-        elif command == "die-after-next":
-            die_after(rest)
+        elif command.startswith("die-"):
+            die(command[len("die-"):], rest)
             print("armed", flush=True)
         elif command == "exit":
             store.close()
@@ -345,19 +354,30 @@ async def test_when_the_owner_is_killed_a_client_takes_the_file_over(service: Se
         assert done.stdout.strip() == str(os.getpid()), done.stderr
 
 
-@pytest.mark.parametrize("operation", ["append", "pop_if_newest", "clear_through"])
+@pytest.mark.parametrize(
+    ("when", "operation"),
+    [
+        ("after-next", "append"),
+        ("before", "pop"),
+        ("at-note", "pop"),
+        ("after-next", "pop"),
+        ("before", "clear"),
+        ("at-note", "clear"),
+        ("after-next", "clear"),
+    ],
+)
 async def test_a_write_in_flight_when_the_owner_dies_is_applied_once(
-    service: Service, db_path: Path, operation: str
+    service: Service, db_path: Path, when: str, operation: str
 ) -> None:
     for text in ("one", "two", "three"):
         assert service.ask(f"add alice {text}") == "added"
     with CitadelSessionStore(db_path, KEY) as client:
         alice = client.session("alice")
-        assert service.ask(f"die-after-next {operation}") == "armed"
+        assert service.ask(f"die-{when} {operation}") == "armed"
         if operation == "append":
             await alice.add_items(items("four"))
             expected = items("one", "two", "three", "four")
-        elif operation == "pop_if_newest":
+        elif operation == "pop":
             assert await alice.pop_item() == items("three")[0]
             expected = items("one", "two")
         else:

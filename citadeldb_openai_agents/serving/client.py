@@ -40,9 +40,17 @@ class RemoteOwner:
         self._idle.append(connection)
 
     def call(
-        self, operation: str, args: tuple[Any, ...], progress: Callable[[int, int], None] | None = None
+        self,
+        operation: str,
+        args: tuple[Any, ...],
+        progress: Callable[[int, int], None] | None = None,
+        noted: list[Any] | None = None,
     ) -> Any:
-        """Run `operation(*args)` in the owner; raise what it raised there, or `OwnerGone`."""
+        """Run `operation(*args)` in the owner; raise what it raised there, or `OwnerGone`.
+
+        What the owner notes before it erases (a pop's item, a clear's newest atom) is
+        appended to `noted` as it arrives, so it is there if the owner dies after.
+        """
         connection = self._take()
         try:
             connection.send((operation, args))
@@ -51,8 +59,11 @@ class RemoteOwner:
                 if reply[0] == "progress":
                     if progress is not None:
                         progress(reply[1], reply[2])
-                    continue
-                break
+                elif reply[0] == "noted":
+                    if noted is not None:
+                        noted.append(reply[1])
+                else:
+                    break
         except (EOFError, OSError) as exc:
             connection.close()
             raise OwnerGone(str(exc)) from None

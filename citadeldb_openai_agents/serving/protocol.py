@@ -7,6 +7,8 @@ is unpickled before that peer has proved it knows the passphrase):
   ``("welcome", OwnerHello)``;
 * client -> owner, per call: ``(operation, args)``; the owner answers with any number
   of ``("progress", done, total)``, then ``("ok", value)`` or ``("error", exception)``.
+  A pop or a clear first says what it is about to erase, ``("noted", value)``, so a
+  client that loses the owner mid-call knows how to finish it (serving/shared.py).
 
 Items cross as their JSON text, as the store hands them to storage. Exceptions cross
 pickled: the client raises the very exception the owner's store raised.
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 
 from ..errors import StorageError
 
-VERSION = 1
+VERSION = 2  # 2: pop and clear in one round trip, with a note
 
 
 @dataclass(frozen=True)
@@ -49,9 +51,10 @@ OPERATIONS = {
     "newest": True,
     "all_items": True,
     "search_placed": True,
-    "peek_newest": True,
-    "pop_if_newest": True,  # names the atom: popping it again finds it gone
-    "clear_through": True,  # names the newest atom to erase: erasing again finds them gone
+    "pop": True,  # sent again only if the owner died before it noted the item it pops
+    "clear": True,  # likewise, before it noted the newest item
+    "pop_if_newest": True,  # names the atom noted: popping it again finds it gone
+    "clear_through": True,  # names the newest atom noted: erasing again finds them gone
     "newest_rows": True,
     "oldest_rows": True,
     "replace_suffix": True,  # carries a batch id, like append
@@ -63,6 +66,13 @@ OPERATIONS = {
     "verify": True,
     "backup": False,  # a second attempt would find the first one's files
 }
+
+
+# The operations that note what they are about to erase (see above).
+NOTING = ("pop", "clear")
+
+# The operations that report their progress on the whole file.
+REPORTING = ("verify", "purge_expired", "summaries", "backup", "all_items")
 
 
 def portable(exc: BaseException) -> BaseException:

@@ -20,11 +20,12 @@ import time
 import weakref
 from collections.abc import Callable
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
+from typing import Any
 
 from ..errors import CitadelSessionError
 from ..storage.local import LocalFile
 from ..storage.process import current_pid
-from .protocol import OPERATIONS, VERSION, ClientHello, OwnerHello, portable
+from .protocol import NOTING, OPERATIONS, REPORTING, VERSION, ClientHello, OwnerHello, portable
 
 log = logging.getLogger("citadeldb_openai_agents")
 
@@ -204,8 +205,10 @@ class Server:
                 connection.send(("error", CitadelSessionError(f"the owner offers no {operation!r}")))
                 continue
             try:
-                if operation in ("verify", "purge_expired", "summaries", "backup", "all_items"):
+                if operation in REPORTING:
                     result = function(*args, progress=_reporter(connection))
+                elif operation in NOTING:
+                    result = function(*args, note=_noter(connection))
                 else:
                     result = function(*args)
             except Exception as exc:
@@ -219,6 +222,15 @@ def _reporter(connection: Connection) -> Callable[[int, int], None]:
         connection.send(("progress", done, total))
 
     return progress
+
+
+def _noter(connection: Connection) -> Callable[[Any], None]:
+    def note(value: Any) -> None:
+        # Sent before the owner erases anything: should it die after, the client knows what
+        # was about to go (a message sent is in the client's queue, even once this process is gone).
+        connection.send(("noted", value))
+
+    return note
 
 
 def _after_fork_in_child() -> None:

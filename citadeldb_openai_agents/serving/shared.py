@@ -23,7 +23,6 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..embedders.protocol import Embedder, EmbedderIdentity
@@ -196,22 +195,29 @@ class SharedFile:
         return self._call("summary", session_id)  # type: ignore[no-any-return]
 
     def pop(self, session_id: str) -> str | None:
-        if self._owned() is not None:
-            return self._owned().pop(session_id)  # type: ignore[union-attr]
-        while True:  # read the newest, then pop it if it still is: safe to send again
-            newest = self._call("peek_newest", session_id)
-            if newest is None:
-                return None
-            atom, payload = newest
+        """Pop the newest item, in one call to the owner.
+
+        The owner notes the item (its atom and payload) before it erases anything. If
+        it dies after that, this process pops that atom only if it is still the newest,
+        and returns the payload noted: the item is popped once, whoever finished it.
+        """
+        while True:
+            noted: list[tuple[int, str]] = []
+            try:
+                return self._call("pop", session_id, noted=noted)  # type: ignore[no-any-return]
+            except _GoneAfterNote:
+                atom, payload = noted[-1]
             if self._call("pop_if_newest", session_id, atom) != "moved":
-                return str(payload)
+                return payload  # popped now, or by the owner before it died
+            # Still stored, no longer the newest: the owner died before popping it; pop again.
 
     def clear(self, session_id: str) -> None:
-        if self._owned() is not None:
-            self._owned().clear(session_id)  # type: ignore[union-attr]
-            return
-        newest = self._call("peek_newest", session_id)
-        self._call("clear_through", session_id, 0 if newest is None else newest[0])
+        """Clear the session, in one call; finished up to the atom the owner noted if it died mid-call."""
+        noted: list[int] = []
+        try:
+            self._call("clear", session_id, noted=noted)
+        except _GoneAfterNote:
+            self._call("clear_through", session_id, noted[-1])
 
     def erase(self, session_id: str, expected: str | None = None) -> Erasure | None:
         """Erase with a receipt; with `expected`, only if the session holds the items it digests (writes.py)."""
@@ -268,8 +274,19 @@ class SharedFile:
         return self._local
 
     def _call(
-        self, operation: str, *args: Any, progress: Progress | None = None, resent: bool = False
+        self,
+        operation: str,
+        *args: Any,
+        progress: Progress | None = None,
+        resent: bool = False,
+        noted: list[Any] | None = None,
     ) -> Any:
+        """`operation(*args)`, here if this process owns the file, else through its owner.
+
+        When the owner goes mid-call, the call is sent again to the next owner where that
+        is safe (see protocol.OPERATIONS), and raises `_GoneAfterNote` (once attached to
+        the next owner) if the owner had noted what it was about to erase.
+        """
         deadline: float | None = None
         while True:
             # A write names its batch: `resent` when an owner that died may have stored it.
@@ -278,13 +295,17 @@ class SharedFile:
             if local is not None:
                 if operation == "append" and not resent:
                     return local.append(*args[:-1])  # this process's own write needs no marker
-                function: Callable[..., Any] = getattr(local, operation)
-                return function(*call_args, progress=progress) if progress else function(*call_args)
+                options: dict[str, Any] = {}
+                if progress is not None:
+                    options["progress"] = progress
+                if noted is not None:
+                    options["note"] = noted.append
+                return getattr(local, operation)(*call_args, **options)
             remote = self._remote
             try:
                 if remote is None:
                     raise OwnerGone("not connected")
-                return remote.call(operation, call_args, progress)
+                return remote.call(operation, call_args, progress, noted)
             except OwnerGone:
                 if not OPERATIONS[operation]:
                     raise StorageError(
@@ -303,6 +324,8 @@ class SharedFile:
                         if remote is not None:
                             remote.close()
                         self._attach(deadline)
+                if noted:
+                    raise _GoneAfterNote() from None
 
     def _attach(self, deadline: float) -> None:
         """Own the file (and serve it), or become a client of the process that does."""
@@ -407,6 +430,10 @@ class SharedFile:
                     for problem in problems
                 ]
             )
+
+
+class _GoneAfterNote(Exception):
+    """The owner died after noting what it was about to erase: the caller finishes the call."""
 
 
 def _ttl(ttl: float | None) -> str:

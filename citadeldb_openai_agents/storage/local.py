@@ -111,11 +111,6 @@ class LocalFile:
         stored again."""
         self._on(session_id, _append_once, payloads, texts, from_user, expires_at, batch, resent)
 
-    def peek_newest(self, session_id: str) -> tuple[int, str] | None:
-        """The newest item's atom id and payload (what a client pops or clears through)."""
-        hit = self._on(session_id, reads.newest_hit)
-        return None if hit is None else (hit.id, str(hit.payload))
-
     def pop_if_newest(self, session_id: str, atom: int) -> str:
         return self._on(session_id, writes.pop_if_newest, atom)
 
@@ -138,11 +133,16 @@ class LocalFile:
     def all_items(self, session_id: str, progress: Progress | None = None) -> list[str]:
         return self._on(session_id, reads.all_items, progress)
 
-    def pop(self, session_id: str) -> str | None:
-        return self._on(session_id, writes.pop)
+    def pop(self, session_id: str, note: Callable[[tuple[int, str]], None] | None = None) -> str | None:
+        """Pop the newest item; `note` hears its atom id and payload before it is erased."""
+        return self._on(session_id, writes.pop, note)
 
-    def clear(self, session_id: str) -> None:
-        self._on(session_id, writes.clear)
+    def clear(self, session_id: str, note: Callable[[int], None] | None = None) -> None:
+        """Clear the session; `note` hears the newest item's atom id (0: none) before anything is erased."""
+        if note is None:
+            self._on(session_id, writes.clear)
+        else:
+            self._on(session_id, writes.clear_noting, note)
 
     def search_placed(self, session_id: str, query: str, limit: int) -> tuple[list[tuple[str, int]], int]:
         return self._on(session_id, reads.search_placed, query, limit)

@@ -7,6 +7,8 @@ anywhere leaves a state the next open explains and finishes (audit.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import citadeldb
 from citadeldb.memory import Memory
 
@@ -109,8 +111,18 @@ def last_question(layout: SessionLayout, memory: Memory, state: SessionState) ->
     return state.last_question
 
 
-def pop(layout: SessionLayout, memory: Memory, state: SessionState) -> str | None:
-    """Erase the newest live item and return its payload (None when there is none)."""
+def pop(
+    layout: SessionLayout,
+    memory: Memory,
+    state: SessionState,
+    before_erasing: Callable[[tuple[int, str]], None] | None = None,
+) -> str | None:
+    """Erase the newest live item and return its payload (None when there is none).
+
+    `before_erasing` is told the item's atom id and payload before anything of it is
+    erased: a client of another process learns what it pops before the pop is done,
+    so if the owner dies mid-call it can finish the pop safely (`pop_if_newest`).
+    """
     state.last_question = None  # it may be what goes
     while state.segments:
         number = state.segments[-1]
@@ -120,6 +132,8 @@ def pop(layout: SessionLayout, memory: Memory, state: SessionState) -> str | Non
             layout.drop_segment(memory, state, number)
             continue
         hit = hits[0]
+        if before_erasing is not None:
+            before_erasing((hit.id, str(hit.payload)))
         record = layout.record(state)
         if state.tail_ids == [hit.id] and record.segments is not None:
             # The segment's last live item: dropping the segment erases its key too.
@@ -184,6 +198,19 @@ def clear_through(layout: SessionLayout, memory: Memory, state: SessionState, th
         if number == state.segments[-1]:
             state.tail_ids = None
         break
+
+
+def clear_noting(
+    layout: SessionLayout, memory: Memory, state: SessionState, before_erasing: Callable[[int], None]
+) -> None:
+    """`clear`, telling `before_erasing` the newest item's atom id (0: none) before erasing anything.
+
+    A client that heard it and then lost the owner finishes with `clear_through` that
+    id: items another process added since are kept, and nothing is erased twice.
+    """
+    hit = newest_hit(layout, memory, state)
+    before_erasing(0 if hit is None else hit.id)
+    clear(layout, memory, state)
 
 
 def stored(layout: SessionLayout, memory: Memory, state: SessionState, atom: int) -> bool:
