@@ -383,6 +383,36 @@ async def test_a_fresh_process_finds_the_newest_items_missing_too(
         await store.session("s").get_items(limit=3)
 
 
+async def test_reads_check_against_rows_kept_by_this_processs_writes(
+    make_store, fetch_loses_one_atom: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read is checked against the rows the pages hold, looked up once per segment and then
+    kept by this process's appends and pops: not queried again after every write (such a
+    query scans the file's whole atom table), and still catching an item that goes missing."""
+    store = make_store()
+    session = store.session("s")
+    await session.add_items(items("s", 10))
+    await session.get_items()  # the segment's rows, looked up once
+    layout = store._file._local._layout
+    queries: list[list[str]] = []
+    real = layout.rows
+    monkeypatch.setattr(layout, "rows", lambda names, *rest: queries.append(names) or real(names, *rest))
+    extra = items("s", 11)[10]
+    for _ in range(5):
+        await session.add_items([extra])
+        assert await session.get_items() == [*items("s", 10), extra]
+        assert await session.pop_item() == extra
+    assert await session.get_items() == items("s", 10)
+    assert queries == [], "a read after a write queried the pages"
+
+    await session.add_items(items("s", 12)[10:])
+    tail = layout.segment_regions(layout.state("s"))[-1]
+    newest = store._file._local._database.memory.fetch(tail, "item", limit=100)[-1].id
+    fetch_loses_one_atom.append(newest)  # the item just appended, unreadable
+    with pytest.raises(CorruptDatabaseError, match="1 of 12 items"):
+        await session.get_items()
+
+
 # -- the key file and the audit log ----------------------------------------------------
 
 

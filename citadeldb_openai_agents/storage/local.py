@@ -109,7 +109,7 @@ class LocalFile:
         """Store a batch. `batch` (another process's id for it) is stored with it; `resent`
         says that process may have sent it before: then a batch already stored is not
         stored again."""
-        self._on(session_id, _append_once, payloads, texts, from_user, expires_at, batch, resent)
+        self._on(session_id, writes.append_once, payloads, texts, from_user, expires_at, batch, resent)
 
     def pop_if_newest(self, session_id: str, atom: int) -> str:
         return self._on(session_id, writes.pop_if_newest, atom)
@@ -244,7 +244,11 @@ class LocalFile:
 
     def _on_state(self, state: SessionState, operation: Callable[..., T], *args: Any) -> T:
         with self._database.operation() as memory, state.lock:
-            return operation(self._layout, memory, state, *args)
+            try:
+                return operation(self._layout, memory, state, *args)
+            finally:
+                if operation not in _KEEPS_ROWS:
+                    state.rows.clear()  # read from the pages again when next needed
 
     def _each(self, operation: Callable[..., T], progress: Progress | None) -> list[tuple[SessionState, T]]:
         states = self._layout.states()
@@ -256,20 +260,22 @@ class LocalFile:
         return done
 
 
-def _append_once(
-    layout: SessionLayout,
-    memory: Any,
-    state: SessionState,
-    payloads: list[str],
-    texts: list[str],
-    from_user: list[bool],
-    expires_at: int | None,
-    batch: str | None,
-    resent: bool,
-) -> None:
-    if resent and batch is not None and writes.committed(layout, memory, state, batch):
-        return
-    writes.append(layout, memory, state, payloads, texts, from_user, expires_at, batch)
+# The operations that leave `SessionState.rows` right: reads, and the writes that keep
+# it (an append adds its ids, a pop removes its item). Any other write forgets it.
+_KEEPS_ROWS: frozenset[Callable[..., Any]] = frozenset(
+    {
+        reads.newest,
+        reads.all_items,
+        reads.search_placed,
+        reads.summary,
+        reads.has_live_item,
+        reads.inspect,
+        compaction.newest_rows,
+        compaction.oldest_rows,
+        writes.append_once,
+        writes.pop,
+    }
+)
 
 
 def integrity_report(

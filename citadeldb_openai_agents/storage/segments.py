@@ -91,6 +91,12 @@ class SessionState:
     # newest N seek (`after_id`) instead of scanning the segment.
     tail_ids: list[int] | None = None
     tail_stored: int = 0
+    # The item rows the pages hold, by segment (atom id -> expiry in µs, or None), for the
+    # segments looked up since the last write this process does not track (`kept_rows`):
+    # read from the pages once, then kept by this process's appends and pops, since a
+    # query of the pages after any write scans the file's whole atom table (17 ms at
+    # 16,000 atoms, growing with the file) and a read checks against them every time.
+    rows: dict[int, dict[int, int | None]] = field(default_factory=dict)
     # The text of the session's latest user message, when known: a reply's vector is
     # computed with the question it answers (see `append`).
     last_question: str | None = None
@@ -282,6 +288,7 @@ class SessionLayout:
         region = self.region(memory, state, number)
         state.segments.append(number)
         state.tail_ids, state.tail_stored = [], 0
+        state.rows[number] = {}  # a new region: empty
         return region
 
     def drop_segment(self, memory: Memory, state: SessionState, number: int, *, unlist: bool = True) -> None:
@@ -296,6 +303,7 @@ class SessionLayout:
         self._attached.discard(name)
         state.segments.remove(number)
         state.search.pop(number, None)  # its search data went with the region
+        state.rows.pop(number, None)
         self.search_cache.forget((state.hid, number))
         if not state.segments or number > state.segments[-1]:
             state.tail_ids = None
@@ -318,14 +326,14 @@ class SessionLayout:
         `read` maps a segment to the ids a read returned from it; with `newest`, the read
         asked for that many of the segment's newest items only.
         """
-        names = {number: segment_name(state.hid, number) for number in read}
-        stored = self.rows(list(names.values()))
+        unknown = {segment_name(state.hid, number): number for number in read if number not in state.rows}
+        if unknown:
+            for name, found in self.rows(list(unknown)).items():
+                state.rows[unknown[name]] = found
         now = now_micros()  # after the reads: an item that expired since may be gone
         missing = expected = 0
         for number, ids in read.items():
-            live = sorted(
-                a for a, expires in stored[names[number]].items() if expires is None or expires > now
-            )
+            live = sorted(a for a, expires in state.rows[number].items() if expires is None or expires > now)
             if newest is not None:
                 live = live[-newest:]
             expected += len(live)

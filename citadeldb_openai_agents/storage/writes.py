@@ -91,8 +91,27 @@ def append(
     search_upkeep.appended(layout, state, number, entries.with_ids(ids), block, expires_at, flushed)
     if state.tail_ids is not None:
         state.tail_ids.extend(ids)
+    if number in state.rows:
+        state.rows[number].update(dict.fromkeys(ids, expires_at))
     state.tail_stored += len(ids)
     state.last_question = question
+
+
+def append_once(
+    layout: SessionLayout,
+    memory: Memory,
+    state: SessionState,
+    payloads: list[str],
+    texts: list[str],
+    from_user: list[bool],
+    expires_at: int | None,
+    batch: str | None,
+    resent: bool,
+) -> None:
+    """`append`, skipped when `resent` and a batch with this id is already stored."""
+    if resent and batch is not None and committed(layout, memory, state, batch):
+        return
+    append(layout, memory, state, payloads, texts, from_user, expires_at, batch)
 
 
 def committed(layout: SessionLayout, memory: Memory, state: SessionState, batch: str) -> bool:
@@ -146,7 +165,10 @@ def pop(
         receipt = memory.forget(layout.region(memory, state, number), [hit.id, *blocks])
         if receipt.rows_deleted == 0:
             state.tail_ids = None
+            state.rows.pop(number, None)
             continue
+        if number in state.rows:
+            state.rows[number].pop(hit.id, None)
         if state.tail_ids:
             state.tail_ids.remove(hit.id)
         state.tail_stored = max(0, state.tail_stored - 1)
