@@ -646,3 +646,33 @@ def test_an_inherited_store_becomes_a_client_of_the_parent_that_serves_it(
     assert len(store.session_ids()) == 3
     assert asyncio.run(session.get_items()) == turn("parent", 0)
     assert store.verify().ok
+
+
+def test_a_child_whose_serving_parent_exited_is_told_at_once_to_restart_the_server(db_path: Path) -> None:
+    # As a gunicorn worker whose master was killed: the worker's inherited copy keeps the
+    # file's lock, so no process can take the file over, and waiting for one is useless.
+    done = run_python(
+        """
+        import asyncio, os, signal, sys, time
+        from citadeldb_openai_agents import CitadelSessionStore, DatabaseLockedError
+        store = CitadelSessionStore(sys.argv[1], sys.argv[2], argon2_profile="iot")
+        session = store.session("s")  # the SDK imported before the clock starts
+        parent = os.getpid()
+        if os.fork():
+            os.kill(parent, signal.SIGKILL)  # the serving parent dies
+        while os.getppid() == parent:
+            time.sleep(0.01)
+        started = time.monotonic()
+        try:
+            asyncio.run(session.add_items([{"role": "user", "content": "hi"}]))
+        except DatabaseLockedError as exc:
+            print(round(time.monotonic() - started, 2), exc, flush=True)
+        os._exit(0)
+        """,
+        str(db_path),
+        KEY,
+    )
+    # The killed parent's exit code; the child's line reached the same pipe before it closed.
+    took, _, message = done.stdout.partition(" ")
+    assert float(took) < 2.0, done.stdout + done.stderr
+    assert "it has exited" in message and "Restart the whole server" in message, message

@@ -11,11 +11,13 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -324,6 +326,48 @@ def test_a_stale_socket_left_by_a_killed_owner_is_replaced(db_path: Path) -> Non
     finally:
         second.stop()
     assert not os.path.exists(address), "a clean close removes the socket"
+
+
+def test_sockets_that_killed_owners_left_are_removed_by_the_next_owner(
+    tmp_path: Path, db_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="citadeldb_openai_agents")
+    runtime = Path(tempfile.mkdtemp(prefix="run-", dir="/tmp"))  # short enough for a socket's name
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    directory = Path(socket_path(str(db_path.resolve()))).parent
+    assert directory.parent == runtime
+    an_hour_ago = time.time() - 3600
+
+    def bound(name: str, *, listening: bool, old: bool) -> socket.socket:
+        unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        unix.bind(str(directory / name))
+        unix.listen()
+        if old:
+            os.utime(directory / name, (an_hour_ago, an_hour_ago))
+        if not listening:
+            unix.close()  # as a SIGKILL leaves it: the file stays, nobody listens
+        return unix
+
+    bound("1" * 32 + ".sock", listening=False, old=True)  # a killed owner's, long ago
+    bound("2" * 32 + ".sock", listening=False, old=False)  # maybe an owner between bind and listen
+    live = bound("3" * 32 + ".sock", listening=True, old=True)  # another file's owner, serving
+    # The marks of owners with serve = false: one killed long ago, one alive (this process).
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    for name, pid in (("4" * 32, int(dead.stdout)), ("5" * 32, os.getpid())):
+        (directory / f"{name}.exclusive").write_text(str(pid))
+        os.utime(directory / f"{name}.exclusive", (an_hour_ago, an_hour_ago))
+    try:
+        with CitadelSessionStore(db_path, KEY, argon2_profile="iot") as store:
+            assert store.served_by is None
+            own = Path(socket_path(str(db_path.resolve()))).name
+            left = {entry.name for entry in directory.iterdir()}
+            assert left == {"2" * 32 + ".sock", "3" * 32 + ".sock", "5" * 32 + ".exclusive", own}, left
+    finally:
+        live.close()
+        shutil.rmtree(runtime)
+    assert any("left by an owner that was killed" in record.getMessage() for record in caplog.records)
 
 
 # -- handover ---------------------------------------------------------------------------------

@@ -15,13 +15,17 @@ cost (~0.1 s) slows a guesser who can reach the socket to one guess per derivati
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import socket
 import stat
 import tempfile
+import time
 from pathlib import Path
 
 from ..errors import CitadelSessionError
+from ..storage.process import gone
 
 _APP = "citadeldb-openai-agents"
 _SUN_PATH = 107  # bytes of a Unix socket's name on Linux (108, less the terminating NUL)
@@ -33,6 +37,57 @@ _SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32}
 def socket_path(database: str) -> str:
     """The owner's socket for the database at the resolved path `database`."""
     return str(runtime_directory() / f"{_name(database)}.sock")
+
+
+def remove_stale_sockets(keep: str, *, older_than: float = 60.0) -> list[str]:
+    """Remove the sockets in this user's runtime directory that no process listens on any more.
+
+    An owner killed with SIGKILL leaves its socket behind; the next owner of the same
+    file replaces it, but a file never opened again would leave it forever. A socket is
+    stale when the kernel lists no socket bound to its name (Linux's /proc/net/unix:
+    live owners are not disturbed) and a connection to it is refused; one younger than
+    `older_than` seconds is left alone (its owner may be between bind and listen).
+    Where /proc/net/unix cannot be read, nothing is removed. So are the marks of owners that
+    kept their file to themselves and were killed (their process is gone). Returns the paths removed.
+    """
+    bound = _bound_unix_sockets()
+    if bound is None:
+        return []
+    removed = []
+    for entry in runtime_directory().glob("*.sock"):
+        name = str(entry)
+        try:
+            if name == keep or name in bound or time.time() - entry.lstat().st_mtime < older_than:
+                continue
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                probe.settimeout(1.0)
+                probe.connect(name)
+        except ConnectionRefusedError:
+            with contextlib.suppress(FileNotFoundError):
+                entry.unlink()
+                removed.append(name)
+        except OSError:
+            continue  # gone meanwhile, or not a socket to judge
+    for entry in runtime_directory().glob("*.exclusive"):  # `hosting.mark_exclusive`'s, by pid
+        with contextlib.suppress(OSError, ValueError):
+            if time.time() - entry.lstat().st_mtime >= older_than and gone(int(entry.read_text())):
+                entry.unlink()
+                removed.append(str(entry))
+    return removed
+
+
+def _bound_unix_sockets() -> set[str] | None:
+    """The names of the Unix sockets bound now (in this network namespace), or None if unknown."""
+    try:
+        with open("/proc/net/unix", encoding="utf-8", errors="surrogateescape") as table:
+            next(table)  # the header
+            return {
+                fields[7]
+                for fields in (line.rstrip("\n").split(maxsplit=7) for line in table)
+                if len(fields) == 8
+            }
+    except (OSError, StopIteration):
+        return None
 
 
 def exclusive_marker(database: str) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import pickle
 from dataclasses import dataclass
 
+from ..embedders.protocol import EmbedderIdentity
 from ..errors import StorageError
 
 VERSION = 2  # 2: pop and clear in one round trip, with a note
@@ -32,6 +33,10 @@ class ClientHello:
     program: str
     ttl: float | None
     identity: tuple[str, int, str]  # the embedder: model id, dimension, metric
+
+    @classmethod
+    def of(cls, pid: int, program: str, ttl: float | None, embedder: EmbedderIdentity) -> ClientHello:
+        return cls(pid, program, ttl, (embedder.model_id, embedder.dim, embedder.metric))
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,27 @@ NOTING = ("pop", "clear")
 
 # The operations that report their progress on the whole file.
 REPORTING = ("verify", "purge_expired", "summaries", "backup", "all_items")
+
+
+def disagreements(owner: OwnerHello, mine: ClientHello) -> list[str]:
+    """The settings fixed per file on which a client differs from its owner, each with both values."""
+    problems = []
+    if owner.ttl != mine.ttl:
+        problems.append(f"ttl: this process has {_ttl(mine.ttl)}, the owner has {_ttl(owner.ttl)}")
+    if tuple(owner.identity) != tuple(mine.identity):
+        problems.append(
+            f"embedder: this process has {_identity(mine.identity)}, the owner has {_identity(owner.identity)}"
+        )
+    return problems
+
+
+def _ttl(ttl: float | None) -> str:
+    return "no ttl (keep forever)" if ttl is None else f"ttl {ttl:g} s"
+
+
+def _identity(identity: tuple[str, int, str]) -> str:
+    model_id, dim, metric = identity
+    return f"{model_id!r} (dim {dim}, {metric})"
 
 
 def portable(exc: BaseException) -> BaseException:

@@ -25,6 +25,7 @@ from typing import Any
 from ..errors import CitadelSessionError
 from ..storage.local import LocalFile
 from ..storage.process import current_pid
+from .address import remove_stale_sockets
 from .protocol import NOTING, OPERATIONS, REPORTING, VERSION, ClientHello, OwnerHello, portable
 
 log = logging.getLogger("citadeldb_openai_agents")
@@ -62,6 +63,8 @@ class Server:
         self._thread = threading.Thread(target=self._accept, name="citadel-serve", daemon=True)
         self._thread.start()
         log.info("serving %s to other processes on %s", file.path, address)
+        for stale in remove_stale_sockets(keep=address):
+            log.info("removed %s, left by an owner that was killed", stale)
 
     @property
     def clients(self) -> int:

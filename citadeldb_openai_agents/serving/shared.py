@@ -37,7 +37,8 @@ from ..results import Erasure, IntegrityReport, Progress
 from ..storage.files import resolve_path
 from ..storage.local import LocalFile
 from ..storage.lockholder import shorten_command
-from ..storage.process import current_pid
+from ..storage.process import current_pid, gone
+from . import refusals
 from .address import Secret, derive_authkey, socket_path
 from .client import OwnerGone, RemoteOwner
 from .hosting import (
@@ -49,7 +50,7 @@ from .hosting import (
     start_serving,
     stop_serving,
 )
-from .protocol import OPERATIONS, ClientHello
+from .protocol import OPERATIONS, ClientHello, disagreements
 
 if TYPE_CHECKING:
     import citadeldb
@@ -344,12 +345,7 @@ class SharedFile:
                 )
             except DatabaseLockedError as exc:
                 if not self._serve:
-                    raise DatabaseLockedError(
-                        f"{exc} This process has serve = false, so it does not become a client of the "
-                        "process that holds the file: leave serve on (the default) to share the file "
-                        "between processes, or stop that process, then retry.",
-                        holder=exc.holder,
-                    ) from None
+                    raise refusals.not_serving_here(exc) from None
                 locked = exc
             except ForkedStoreError as exc:
                 # A child forked while its parent held the file: the parent serves it, or nobody.
@@ -370,32 +366,20 @@ class SharedFile:
                 self._opening = self._resolved
                 return
             if is_exclusive(self._resolved):
-                raise DatabaseLockedError(
-                    f"{locked} It keeps the file to itself (serve = false there), so this process "
-                    "cannot be its client: leave serve on (the default) in every process on the "
-                    "file, or stop that process, then retry.",
-                    holder=locked.holder,
-                )
+                raise refusals.kept_to_itself(locked)
             try:
                 self._remote = RemoteOwner(
                     socket_path(self._resolved), bytes(self._authkey.value), self._hello(), self._resolved
                 )
             except OwnerGone:
-                if time.monotonic() > deadline and parent is not None:
-                    raise DatabaseLockedError(
-                        f"{self._resolved} was served to this process by its parent, process {parent}, "
-                        f"and no process has served it for {HANDOVER_SECONDS:g} s: the parent is gone or "
-                        "stuck. This process and the others forked from that parent still hold the file's "
-                        "lock through the copy they inherited, so none of them can take the file over. "
-                        "Restart the whole server, all its processes (gunicorn: its master and workers)."
+                if parent is not None and (gone(parent) or time.monotonic() > deadline):
+                    # Its children keep the lock it held through their inherited copies: no one
+                    # can take the file over, so there is no handover to wait for once it is gone.
+                    raise refusals.parent_gone(
+                        self._resolved, parent, gone(parent), HANDOVER_SECONDS
                     ) from None
                 if time.monotonic() > deadline:
-                    raise DatabaseLockedError(
-                        f"{locked} It did not serve the file within {HANDOVER_SECONDS:g} s: it is not "
-                        "a store of this package, or it is stuck opening the file. Stop that process, "
-                        "then retry.",
-                        holder=locked.holder,
-                    ) from None
+                    raise refusals.never_served(locked, HANDOVER_SECONDS) from None
                 time.sleep(0.02)
                 continue
             self._agree(self._remote)
@@ -404,28 +388,18 @@ class SharedFile:
             return
 
     def _hello(self) -> ClientHello:
-        identity = EmbedderIdentity.of(self._embedder)
         program = shorten_command(list(getattr(sys, "orig_argv", sys.argv)) or ["python"])
-        return ClientHello(
-            current_pid(), program, self._ttl, (identity.model_id, identity.dim, identity.metric)
-        )
+        return ClientHello.of(current_pid(), program, self._ttl, EmbedderIdentity.of(self._embedder))
 
     def _agree(self, remote: RemoteOwner) -> None:
         """Refuse an owner whose settings fixed per file differ from this process's."""
-        owner, mine = remote.owner, self._hello()
-        problems = []
-        if owner.ttl != mine.ttl:
-            problems.append(f"ttl: this process has {_ttl(mine.ttl)}, the owner has {_ttl(owner.ttl)}")
-        if tuple(owner.identity) != tuple(mine.identity):
-            problems.append(
-                f"embedder: this process has {_identity(mine.identity)}, the owner has {_identity(owner.identity)}"
-            )
+        problems = disagreements(remote.owner, self._hello())
         if problems:
             remote.close()
             self._remote = None
             raise ConfigurationError(
                 [
-                    f"{problem} (the owner is process {owner.pid}, which holds {self._resolved}); "
+                    f"{problem} (the owner is process {remote.owner.pid}, which holds {self._resolved}); "
                     "every process on one file needs the same value"
                     for problem in problems
                 ]
@@ -434,12 +408,3 @@ class SharedFile:
 
 class _GoneAfterNote(Exception):
     """The owner died after noting what it was about to erase: the caller finishes the call."""
-
-
-def _ttl(ttl: float | None) -> str:
-    return "no ttl (keep forever)" if ttl is None else f"ttl {ttl:g} s"
-
-
-def _identity(identity: tuple[str, int, str]) -> str:
-    model_id, dim, metric = identity
-    return f"{model_id!r} (dim {dim}, {metric})"

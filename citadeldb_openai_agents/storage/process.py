@@ -26,3 +26,18 @@ if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
     # Registered first (this module is imported before the registry's hooks are): after-fork
     # hooks run in registration order, so the registry's see the child's pid.
     os.register_at_fork(after_in_child=_refresh)
+
+
+def gone(pid: int) -> bool:
+    """Whether process `pid` has exited (a zombie not yet reaped counts as exited)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # it exists, as another user's
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            return stat.read().rpartition(")")[2].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return False  # no /proc: alive as far as can be told

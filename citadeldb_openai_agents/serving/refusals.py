@@ -1,0 +1,45 @@
+"""Why a process that found the file held cannot use it: each error names the cause and the fix."""
+
+from __future__ import annotations
+
+from ..errors import DatabaseLockedError
+
+
+def not_serving_here(locked: DatabaseLockedError) -> DatabaseLockedError:
+    """This process has serve = false and found the file held."""
+    return DatabaseLockedError(
+        f"{locked} This process has serve = false, so it does not become a client of the "
+        "process that holds the file: leave serve on (the default) to share the file "
+        "between processes, or stop that process, then retry.",
+        holder=locked.holder,
+    )
+
+
+def kept_to_itself(locked: DatabaseLockedError) -> DatabaseLockedError:
+    """The holder has serve = false."""
+    return DatabaseLockedError(
+        f"{locked} It keeps the file to itself (serve = false there), so this process "
+        "cannot be its client: leave serve on (the default) in every process on the "
+        "file, or stop that process, then retry.",
+        holder=locked.holder,
+    )
+
+
+def parent_gone(path: str, parent: int, exited: bool, waited: float) -> DatabaseLockedError:
+    """A forked child's parent held the file and serves it no more."""
+    what = "it has exited" if exited else f"no process has served it for {waited:g} s"
+    return DatabaseLockedError(
+        f"{path} was served to this process by its parent, process {parent}, and {what}: the "
+        "parent is gone or stuck. This process and the others forked from that parent still hold "
+        "the file's lock through the copy they inherited, so none of them can take the file over. "
+        "Restart the whole server, all its processes (gunicorn: its master and workers)."
+    )
+
+
+def never_served(locked: DatabaseLockedError, waited: float) -> DatabaseLockedError:
+    """The holder did not serve the file in time."""
+    return DatabaseLockedError(
+        f"{locked} It did not serve the file within {waited:g} s: it is not a store of this "
+        "package, or it is stuck opening the file. Stop that process, then retry.",
+        holder=locked.holder,
+    )
