@@ -15,7 +15,8 @@ Three measurements, each on a file of its own:
   `ScriptedModel`) under ``uvicorn --workers N`` on 127.0.0.1, for each N of
   --workers, once on a Citadel file and once on `agents.SQLiteSession`; --clients
   threads send --requests turns (after a warm-up of two per client) to 40 sessions.
-  Requests per second, p50 and p95 of a request.
+  Requests per second, p50 and p95 of a request, and the CPU time each server process
+  spent per request (Linux /proc): under Citadel the busiest is the owner.
 * Handover. Another process creates and owns a file (the default argon2 profile,
   so the KDF is paid as in production); this one is its client. The owner is
   SIGKILLed; the time runs from the kill to this process's next successful
@@ -236,17 +237,45 @@ def serve_and_drive(backend: str, workers: int, args: argparse.Namespace, direct
     try:
         _wait_until_up(port, process)
         drive(port, args.clients, 2 * args.clients)  # warm-up: every worker started, sessions opened
+        before = _cpu_seconds(process.pid)
         seconds, latencies = drive(port, args.clients, args.requests)
+        after = _cpu_seconds(process.pid)
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(60)
     p50, p95 = _summary(latencies)
     label = "citadel" if backend == "citadel" else "SQLiteSession"
-    return f"| {label} | {workers} | {len(latencies) / seconds:.1f} | {p50:.1f} ms | {p95:.1f} ms |"
+    # Each worker's CPU per request served by the whole server, busiest first: under Citadel
+    # the busiest is the owner, which runs every session call.
+    cpu = sorted(((after[pid] - before.get(pid, 0.0)) * 1000 / len(latencies) for pid in after), reverse=True)
+    shares = ", ".join(f"{ms:.1f}" for ms in cpu[:workers]) if cpu else "-"
+    return (
+        f"| {label} | {workers} | {len(latencies) / seconds:.1f} | {p50:.1f} ms | {p95:.1f} ms "
+        f"| {sum(cpu):.1f} ms | {shares} |"
+    )
+
+
+def _cpu_seconds(group: int) -> dict[int, float]:
+    """CPU seconds (user + system) of each live process of a process group, from /proc (Linux)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[2]) == group:  # the fields after the name: state, ppid, pgrp, ...
+            found[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
+    return found
 
 
 def throughput(args: argparse.Namespace, directory: Path) -> list[str]:
-    rows = ["| backend | workers | requests/s | p50 | p95 |", "|---|---|---|---|---|"]
+    rows = [
+        "| backend | workers | requests/s | p50 | p95 | CPU/request | per worker (busiest first) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for workers in args.workers:
         for backend in ("citadel", "sqlite"):
             rows.append(serve_and_drive(backend, workers, args, directory))
