@@ -64,11 +64,13 @@ def main() -> None:
             cpu_ms = (time.process_time() - cpu) * 1000 / turns
         finally:
             store.close()
-    atoms = args.sessions * (args.warm + args.turns) * 4  # an item and its search block per append
+    items = args.sessions * (args.warm + args.turns) * 2  # a user message and an answer per turn
     print(
         f"`python benchmarks/turn_cost.py --sessions {args.sessions} --warm {args.warm} --turns {args.turns}`"
     )
-    print(f"({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; about {atoms:,} atoms in the file)\n")
+    print(
+        f"({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; {items:,} items in the file at the end)\n"
+    )
     print("| per turn (full read + 2 appends) | wall | CPU |\n|---|---:|---:|")
     print(f"| owner, in process | {wall_ms:.2f} ms | {cpu_ms:.2f} ms |")
 

@@ -47,18 +47,22 @@ def remove_stale_sockets(keep: str, *, older_than: float = 60.0) -> list[str]:
     stale when the kernel lists no socket bound to its name (Linux's /proc/net/unix:
     live owners are not disturbed) and a connection to it is refused; one younger than
     `older_than` seconds is left alone (its owner may be between bind and listen).
-    Where /proc/net/unix cannot be read, nothing is removed. So are the marks of owners that
-    kept their file to themselves and were killed (their process is gone). Returns the paths removed.
+    Where /proc/net/unix cannot be read, no socket is removed. The marks of owners that
+    kept their file to themselves and were killed (their process is gone) are removed
+    too. Returns the paths removed.
     """
-    bound = _bound_unix_sockets()
-    if bound is None:
-        return []
+    directory = runtime_directory()
+    now = time.time()
     removed = []
-    for entry in runtime_directory().glob("*.sock"):
+    old = [
+        entry for entry in directory.glob("*.sock") if str(entry) != keep and _age(entry, now) >= older_than
+    ]
+    bound = _bound_unix_sockets() if old else None  # read only when there is something to judge
+    for entry in old:
         name = str(entry)
+        if bound is None or name in bound:
+            continue  # bound, or unknown which are: kept
         try:
-            if name == keep or name in bound or time.time() - entry.lstat().st_mtime < older_than:
-                continue
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
                 probe.settimeout(1.0)
                 probe.connect(name)
@@ -68,12 +72,20 @@ def remove_stale_sockets(keep: str, *, older_than: float = 60.0) -> list[str]:
                 removed.append(name)
         except OSError:
             continue  # gone meanwhile, or not a socket to judge
-    for entry in runtime_directory().glob("*.exclusive"):  # `hosting.mark_exclusive`'s, by pid
+    for entry in directory.glob("*.exclusive"):  # `hosting.mark_exclusive`'s, by pid
         with contextlib.suppress(OSError, ValueError):
-            if time.time() - entry.lstat().st_mtime >= older_than and gone(int(entry.read_text())):
+            if _age(entry, now) >= older_than and gone(int(entry.read_text())):
                 entry.unlink()
                 removed.append(str(entry))
     return removed
+
+
+def _age(entry: Path, now: float) -> float:
+    """Seconds since `entry` was last changed (0 if it is gone)."""
+    try:
+        return now - entry.lstat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _bound_unix_sockets() -> set[str] | None:

@@ -25,6 +25,11 @@ from ..errors import StorageError
 VERSION = 2  # 2: pop and clear in one round trip, with a note
 
 
+def wire_identity(embedder: EmbedderIdentity) -> tuple[str, int, str]:
+    """An embedder's identity as the hellos carry it: model id, dimension, metric."""
+    return (embedder.model_id, embedder.dim, embedder.metric)
+
+
 @dataclass(frozen=True)
 class ClientHello:
     """Who is asking, and the settings fixed per file that must agree with the owner's."""
@@ -33,10 +38,6 @@ class ClientHello:
     program: str
     ttl: float | None
     identity: tuple[str, int, str]  # the embedder: model id, dimension, metric
-
-    @classmethod
-    def of(cls, pid: int, program: str, ttl: float | None, embedder: EmbedderIdentity) -> ClientHello:
-        return cls(pid, program, ttl, (embedder.model_id, embedder.dim, embedder.metric))
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from ..errors import CitadelSessionError
 from ..storage.local import LocalFile
 from ..storage.process import current_pid
 from .address import remove_stale_sockets
-from .protocol import NOTING, OPERATIONS, REPORTING, VERSION, ClientHello, OwnerHello, portable
+from .protocol import NOTING, OPERATIONS, REPORTING, VERSION, ClientHello, OwnerHello, portable, wire_identity
 
 log = logging.getLogger("citadeldb_openai_agents")
 
@@ -191,7 +191,7 @@ class Server:
                     current_pid(),
                     self._file.path,
                     self._ttl,
-                    (identity.model_id, identity.dim, identity.metric),
+                    wire_identity(identity),
                 ),
             )
         )
@@ -209,9 +209,9 @@ class Server:
                 continue
             try:
                 if operation in REPORTING:
-                    result = function(*args, progress=_reporter(connection))
+                    result = function(*args, progress=_forward(connection, "progress"))
                 elif operation in NOTING:
-                    result = function(*args, note=_noter(connection))
+                    result = function(*args, note=_forward(connection, "noted"))
                 else:
                     result = function(*args)
             except Exception as exc:
@@ -220,20 +220,18 @@ class Server:
                 connection.send(("ok", result))
 
 
-def _reporter(connection: Connection) -> Callable[[int, int], None]:
-    def progress(done: int, total: int) -> None:
-        connection.send(("progress", done, total))
+def _forward(connection: Connection, tag: str) -> Callable[..., None]:
+    """A callback that sends its arguments to the client as a ``(tag, ...)`` message.
 
-    return progress
+    A note is sent before the owner erases anything: should the owner die after, the
+    client knows what was about to go (a message sent is in the client's queue, even
+    once this process is gone).
+    """
 
+    def send(*values: Any) -> None:
+        connection.send((tag, *values))
 
-def _noter(connection: Connection) -> Callable[[Any], None]:
-    def note(value: Any) -> None:
-        # Sent before the owner erases anything: should it die after, the client knows what
-        # was about to go (a message sent is in the client's queue, even once this process is gone).
-        connection.send(("noted", value))
-
-    return note
+    return send
 
 
 def _after_fork_in_child() -> None:

@@ -50,7 +50,7 @@ from .hosting import (
     start_serving,
     stop_serving,
 )
-from .protocol import OPERATIONS, ClientHello, disagreements
+from .protocol import OPERATIONS, ClientHello, disagreements, wire_identity
 
 if TYPE_CHECKING:
     import citadeldb
@@ -389,7 +389,9 @@ class SharedFile:
 
     def _hello(self) -> ClientHello:
         program = shorten_command(list(getattr(sys, "orig_argv", sys.argv)) or ["python"])
-        return ClientHello.of(current_pid(), program, self._ttl, EmbedderIdentity.of(self._embedder))
+        return ClientHello(
+            current_pid(), program, self._ttl, wire_identity(EmbedderIdentity.of(self._embedder))
+        )
 
     def _agree(self, remote: RemoteOwner) -> None:
         """Refuse an owner whose settings fixed per file differ from this process's."""

@@ -109,7 +109,7 @@ class LocalFile:
         """Store a batch. `batch` (another process's id for it) is stored with it; `resent`
         says that process may have sent it before: then a batch already stored is not
         stored again."""
-        self._on(session_id, writes.append_once, payloads, texts, from_user, expires_at, batch, resent)
+        self._on(session_id, writes.append, payloads, texts, from_user, expires_at, batch, resent)
 
     def pop_if_newest(self, session_id: str, atom: int) -> str:
         return self._on(session_id, writes.pop_if_newest, atom)
@@ -139,10 +139,7 @@ class LocalFile:
 
     def clear(self, session_id: str, note: Callable[[int], None] | None = None) -> None:
         """Clear the session; `note` hears the newest item's atom id (0: none) before anything is erased."""
-        if note is None:
-            self._on(session_id, writes.clear)
-        else:
-            self._on(session_id, writes.clear_noting, note)
+        self._on(session_id, writes.clear, note)
 
     def search_placed(self, session_id: str, query: str, limit: int) -> tuple[list[tuple[str, int]], int]:
         return self._on(session_id, reads.search_placed, query, limit)
@@ -272,7 +269,7 @@ _KEEPS_ROWS: frozenset[Callable[..., Any]] = frozenset(
         reads.inspect,
         compaction.newest_rows,
         compaction.oldest_rows,
-        writes.append_once,
+        writes.append,
         writes.pop,
     }
 )

@@ -92,7 +92,7 @@ class SessionState:
     tail_ids: list[int] | None = None
     tail_stored: int = 0
     # The item rows the pages hold, by segment (atom id -> expiry in µs, or None), for the
-    # segments looked up since the last write this process does not track (`kept_rows`):
+    # segments looked up since the last write this process does not track (local.py `_KEEPS_ROWS`):
     # read from the pages once, then kept by this process's appends and pops, since a
     # query of the pages after any write scans the file's whole atom table (17 ms at
     # 16,000 atoms, growing with the file) and a read checks against them every time.

@@ -40,12 +40,14 @@ def append(
     from_user: list[bool],
     expires_at: int | None,
     batch: str | None = None,
+    resent: bool = False,
 ) -> None:
     """Store one batch atomically, in one segment.
 
     With `batch` (an id another process chose), a write marker holding it is stored in
-    the same commit: if that process sends the batch again, not knowing whether the
-    owner wrote it before dying, `committed` finds it and it is not written twice.
+    the same commit: if that process sends the batch again (`resent`), not knowing
+    whether the owner wrote it before dying, `committed` finds it and it is not
+    written twice.
 
     Every item that is not the user's is embedded with the latest user message
     before it: a query matches the user's question better than the reply that
@@ -54,6 +56,8 @@ def append(
     index is what a longer text makes a write pay for (+20% a turn), the
     vector costs the same whatever it was computed from.
     """
+    if resent and batch is not None and committed(layout, memory, state, batch):
+        return
     contextual, question = in_contexts(last_question(layout, memory, state), texts, from_user)
     vectors = embed_documents(layout.embedder, contextual)
     entries = derive(vectors, texts, from_user, layout.identity.metric)
@@ -95,23 +99,6 @@ def append(
         state.rows[number].update(dict.fromkeys(ids, expires_at))
     state.tail_stored += len(ids)
     state.last_question = question
-
-
-def append_once(
-    layout: SessionLayout,
-    memory: Memory,
-    state: SessionState,
-    payloads: list[str],
-    texts: list[str],
-    from_user: list[bool],
-    expires_at: int | None,
-    batch: str | None,
-    resent: bool,
-) -> None:
-    """`append`, skipped when `resent` and a batch with this id is already stored."""
-    if resent and batch is not None and committed(layout, memory, state, batch):
-        return
-    append(layout, memory, state, payloads, texts, from_user, expires_at, batch)
 
 
 def committed(layout: SessionLayout, memory: Memory, state: SessionState, batch: str) -> bool:
@@ -222,19 +209,6 @@ def clear_through(layout: SessionLayout, memory: Memory, state: SessionState, th
         break
 
 
-def clear_noting(
-    layout: SessionLayout, memory: Memory, state: SessionState, before_erasing: Callable[[int], None]
-) -> None:
-    """`clear`, telling `before_erasing` the newest item's atom id (0: none) before erasing anything.
-
-    A client that heard it and then lost the owner finishes with `clear_through` that
-    id: items another process added since are kept, and nothing is erased twice.
-    """
-    hit = newest_hit(layout, memory, state)
-    before_erasing(0 if hit is None else hit.id)
-    clear(layout, memory, state)
-
-
 def stored(layout: SessionLayout, memory: Memory, state: SessionState, atom: int) -> bool:
     """Whether the session still holds the live item `atom`."""
     for number in state.segments:
@@ -244,12 +218,23 @@ def stored(layout: SessionLayout, memory: Memory, state: SessionState, atom: int
     return False
 
 
-def clear(layout: SessionLayout, memory: Memory, state: SessionState) -> str | None:
+def clear(
+    layout: SessionLayout,
+    memory: Memory,
+    state: SessionState,
+    before_erasing: Callable[[int], None] | None = None,
+) -> str | None:
     """Erase the whole session: mark its record as clearing, drop its segments, forget the record.
 
     Returns the key-wrapping algorithm from the catalog atom's forget receipt, if
-    the session had one (dropping a region gives no receipt).
+    the session had one (dropping a region gives no receipt). `before_erasing` is told
+    the newest item's atom id (0: none) before anything is erased: a client that heard
+    it and then lost the owner finishes with `clear_through` that id, so items another
+    process added since are kept, and nothing is erased twice.
     """
+    if before_erasing is not None:
+        hit = newest_hit(layout, memory, state)
+        before_erasing(0 if hit is None else hit.id)
     state.last_question = None  # it may be what goes
     if state.catalog_id is not None:
         record = layout.record(state)
