@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from citadeldb_openai_agents import CitadelSessionStore
-from citadeldb_openai_agents.storage.engine import _MemoryHandle
+from citadeldb_openai_agents.storage.handle import MemoryHandle
 
 KEY = "correct horse battery staple"
 
@@ -72,13 +72,13 @@ def readback_still_finds(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]
     """A fault at the engine boundary: Citadel's `verify` calls these atoms ``authentic``
     even after they were erased, as if their keys had survived.
 
-    Every operation reaches Citadel through the open file's `_MemoryHandle`; its `verify`
+    Every operation reaches Citadel through the open file's `MemoryHandle`; its `verify`
     is replaced, for stores already open and those opened later (the CLI's own) alike.
     Call the fixture with the atom ids the readback should still find.
     """
     still_there: set[int] = set()
 
-    def verify(handle: _MemoryHandle, region: str, ids: list[int]) -> list[Any]:
+    def verify(handle: MemoryHandle, region: str, ids: list[int]) -> list[Any]:
         return [
             ForgedAttestation(found.atom_id, "authentic")
             if found.atom_id in still_there and found.verdict == "missing"
@@ -86,7 +86,7 @@ def readback_still_finds(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]
             for found in handle.__getattr__("verify")(region, ids)  # Citadel's own verify
         ]
 
-    monkeypatch.setattr(_MemoryHandle, "verify", verify, raising=False)
+    monkeypatch.setattr(MemoryHandle, "verify", verify, raising=False)
 
     def still_finds(*atom_ids: int) -> None:
         still_there.update(atom_ids)

@@ -125,7 +125,6 @@ def recover(layout: SessionLayout, memory: Memory) -> None:
             else:
                 record.erasing, record.replacing = [], None
                 layout.write_record(memory, state)
-            state.rows.clear()  # written here, outside LocalFile's operations that keep the rows
 
 
 def _finish(layout: SessionLayout, memory: Memory, state: SessionState) -> None:

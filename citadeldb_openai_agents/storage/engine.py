@@ -41,6 +41,7 @@ from ..options import Argon2Profile, SyncMode, check_argon2_profile, check_cache
 from . import inventory
 from .codec import ITEM_KIND
 from .files import AUDIT_SUFFIX, COMPANION_SUFFIXES, opening
+from .handle import MemoryHandle
 from .process import current_pid
 from .translate import companions_missing, translate_open_error, translate_storage_error
 
@@ -149,7 +150,7 @@ class OpenDatabase:
                 self.audit = before_memory(db, self.path)
             # Opening the memory engine reads pages: a damaged file can fail here, after
             # connect succeeded. The opener must get the error, and the file its lock back.
-            memory = _MemoryHandle(db.memory(), self.path)
+            memory = MemoryHandle(db.memory(), self.path)
         except BaseException as exc:
             db.close()
             opened.set_exception(translate_open_error(exc, self.path))
@@ -215,6 +216,13 @@ class OpenDatabase:
     def region_rows(self, names: list[str], kind: str = ITEM_KIND) -> dict[str, dict[int, int | None]]:
         """The rows of `kind` the file's pages hold for these regions (atom id -> expiry in µs, or None)."""
         return self.on_owner_thread(lambda db: inventory.region_rows(db, names, kind))
+
+    @property
+    def region_writes(self) -> dict[str | None, int]:
+        """How many calls may have changed each region since the file opened (`MemoryHandle.writes`)."""
+        handle: MemoryHandle | None = self.memory
+        assert handle is not None, "the file is open"
+        return handle.writes
 
     @contextmanager
     def operation(self) -> Iterator[citadeldb.memory.Memory]:
@@ -330,32 +338,6 @@ class OpenDatabase:
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"<OpenDatabase {self.path!r} {state}>"
-
-
-class _MemoryHandle:
-    """The file's `Memory`, handed to every operation in its place.
-
-    Citadel keeps a file locked until every `Memory` object of it is collected, and
-    an error's traceback keeps the frames of the failed operation (with their
-    ``memory`` argument) alive as long as the error lives, often in a reference
-    cycle only a gc pass frees. Operations hold this handle instead, so closing
-    the file drops the one real reference whatever errors are still around: the
-    lock is released at once, and a reopen in this process reads the file afresh.
-    """
-
-    __slots__ = ("_memory", "_path")
-
-    def __init__(self, memory: citadeldb.memory.Memory, path: str) -> None:
-        self._memory: citadeldb.memory.Memory | None = memory
-        self._path = path
-
-    def __getattr__(self, name: str) -> Any:
-        if self._memory is None:
-            raise SessionClosedError(f"{self._path} is closed")
-        return getattr(self._memory, name)
-
-    def release(self) -> None:
-        self._memory = None
 
 
 def refuse_lost_key_files(db: citadeldb.Database, path: str) -> None:

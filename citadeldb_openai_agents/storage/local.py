@@ -31,11 +31,12 @@ from ..errors import (
 from ..results import Erasure, IntegrityReport, Progress, ReembedSummary, SessionIntegrity
 from . import compaction, reads, registry, writes
 from .audit import ATOM_KEYS, audit, check_before_memory, inventory_of
+from .completeness import now_micros
 from .engine import OpenDatabase, audit_chain, backup_with_audit, database_options, rotate
 from .files import copy_watched, database_files, resolve_path
 from .reembed import reembed_file
 from .search_upkeep import store_all_pending
-from .segments import SessionLayout, SessionState, now_micros
+from .segments import SessionLayout, SessionState
 
 T = TypeVar("T")
 _log = logging.getLogger("citadeldb_openai_agents")
@@ -171,9 +172,9 @@ class LocalFile:
         atom tables): the item rows that were there and are gone, and had expired.
         """
         names = [name for state in self._layout.states() for name in self._layout.segment_regions(state)]
-        before = self._layout.rows(names) if names else {}
+        before = self._layout.completeness.rows(names) if names else {}
         self._each(writes.purge_expired, progress)
-        after = self._layout.rows(names) if names else {}
+        after = self._layout.completeness.rows(names) if names else {}
         now = now_micros()
         return sum(
             1
@@ -241,11 +242,7 @@ class LocalFile:
 
     def _on_state(self, state: SessionState, operation: Callable[..., T], *args: Any) -> T:
         with self._database.operation() as memory, state.lock:
-            try:
-                return operation(self._layout, memory, state, *args)
-            finally:
-                if operation not in _KEEPS_ROWS:
-                    state.rows.clear()  # read from the pages again when next needed
+            return operation(self._layout, memory, state, *args)
 
     def _each(self, operation: Callable[..., T], progress: Progress | None) -> list[tuple[SessionState, T]]:
         states = self._layout.states()
@@ -255,24 +252,6 @@ class LocalFile:
             if progress is not None:
                 progress(number, len(states))
         return done
-
-
-# The operations that leave `SessionState.rows` right: reads, and the writes that keep
-# it (an append adds its ids, a pop removes its item). Any other write forgets it.
-_KEEPS_ROWS: frozenset[Callable[..., Any]] = frozenset(
-    {
-        reads.newest,
-        reads.all_items,
-        reads.search_placed,
-        reads.summary,
-        reads.has_live_item,
-        reads.inspect,
-        compaction.newest_rows,
-        compaction.oldest_rows,
-        writes.append,
-        writes.pop,
-    }
-)
 
 
 def integrity_report(
@@ -396,7 +375,14 @@ def _shared_layout(database: OpenDatabase, embedder: Embedder) -> SessionLayout:
         layout = database.layout
         if layout is None:
             with database.operation() as memory:
-                layout = SessionLayout(memory, embedder, database.audit, database.region_rows, database.path)
+                layout = SessionLayout(
+                    memory,
+                    embedder,
+                    database.audit,
+                    database.region_rows,
+                    database.region_writes,
+                    database.path,
+                )
                 compaction.recover(layout, memory)  # before any read: old suffix or new, never both
             database.layout = layout
             database.before_close = lambda memory: store_all_pending(layout, memory)

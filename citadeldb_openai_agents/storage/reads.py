@@ -2,7 +2,7 @@
 
 Each function runs in a worker thread, under the session's lock, with the file's
 `Memory` (segments.py: how a session maps onto regions). Every read of items
-checks that Citadel returned all the pages hold (`SessionLayout.check_complete`).
+checks that Citadel returned all the pages hold (completeness.py).
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from ..embedders.protocol import embed_query
 from ..results import Progress
 from . import search_upkeep
 from .codec import ITEM_KIND
+from .completeness import now_micros
 from .records import segment_name
 from .search_blocks import word_hashes
 from .search_index import rank
-from .segments import SessionLayout, SessionState, now_micros
+from .segments import SessionLayout, SessionState
 
 
 def newest(layout: SessionLayout, memory: Memory, state: SessionState, limit: int) -> list[str]:
@@ -44,7 +45,7 @@ def newest_in(
             return hits
         state.tail_ids = None  # something expired (or went missing): look again
     hits = memory.fetch(region, ITEM_KIND, limit=need, newest=True)
-    layout.check_complete(state, {number: [hit.id for hit in hits]}, newest=need)
+    layout.completeness.check(state, {number: [hit.id for hit in hits]}, newest=need)
     return hits
 
 
@@ -70,7 +71,7 @@ def all_items(
         if progress is not None:
             progress(done, len(state.segments))
     if read:
-        layout.check_complete(state, read)
+        layout.completeness.check(state, read)
     return payloads
 
 
@@ -98,7 +99,7 @@ def inspect(layout: SessionLayout, memory: Memory, state: SessionState) -> tuple
     """(items the pages hold, items Citadel reads, Citadel's verdicts on those) for `verify`."""
     read = {n: [hit.id for hit in layout.live_hits(memory, state, n)] for n in state.segments}
     names = {n: segment_name(state.hid, n) for n in read}
-    stored = layout.rows(list(names.values())) if names else {}
+    stored = layout.completeness.rows(list(names.values())) if names else {}
     now = now_micros()
     expected = readable = 0
     verdicts: dict[str, int] = {}
@@ -145,8 +146,8 @@ def search_placed(
             continue
         # Expired (or erased) since the ranking is fine; stored and unreadable is damage.
         name = segment_name(state.hid, number)
-        expires = layout.rows([name])[name].get(atom, 0)
+        expires = layout.completeness.rows([name])[name].get(atom, 0)
         if expires == 0 or (expires is not None and expires <= now_micros()):
             continue
-        raise layout.damaged(state, 1, limit)
+        raise layout.completeness.damaged(state, 1, limit)
     return found, len(in_order)

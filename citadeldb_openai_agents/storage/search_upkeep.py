@@ -119,7 +119,7 @@ def _load(
 def _live_hits(layout: SessionLayout, memory: Memory, state: SessionState, number: int) -> list[AtomHit]:
     """The segment's live items, checked against the pages (a short read is damage)."""
     hits = layout.live_hits(memory, state, number)
-    layout.check_complete(state, {number: [hit.id for hit in hits]})
+    layout.completeness.check(state, {number: [hit.id for hit in hits]})
     return hits
 
 

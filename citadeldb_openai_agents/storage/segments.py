@@ -34,17 +34,18 @@ import logging
 import re
 import secrets
 import threading
-import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import citadeldb
 from citadeldb.memory import AtomHit, Memory
 
 from ..embedders.protocol import Embedder, EmbedderIdentity
 from ..errors import CorruptDatabaseError, EmbedderMismatchError
-from .audit import ATOM_KEYS, AuditVerdict
+from .audit import AuditVerdict
 from .codec import ITEM_KIND
+from .completeness import CompletenessCheck, KeptRows, RowReader
 from .records import (
     CATALOG_KIND,
     CATALOG_REGION,
@@ -64,20 +65,6 @@ ALL = 2**63 - 1  # fetch's default limit is 100; "everything" must be asked for.
 logger = logging.getLogger("citadeldb_openai_agents")
 
 
-class RowReader(Protocol):
-    """Reads the rows of a kind (items by default) the file's pages hold for some regions.
-
-    Returns region -> atom id -> expiry (µs) or None.
-    """
-
-    def __call__(self, names: list[str], kind: str = ...) -> dict[str, dict[int, int | None]]: ...
-
-
-def now_micros() -> int:
-    """Now, in Citadel's unit for times: µs since the epoch."""
-    return time.time_ns() // 1000
-
-
 @dataclass
 class SessionState:
     """What this process knows about one session's segments (guarded by `lock`)."""
@@ -91,12 +78,9 @@ class SessionState:
     # newest N seek (`after_id`) instead of scanning the segment.
     tail_ids: list[int] | None = None
     tail_stored: int = 0
-    # The item rows the pages hold, by segment (atom id -> expiry in µs, or None), for the
-    # segments looked up since the last write this process does not track (local.py `_KEEPS_ROWS`):
-    # read from the pages once, then kept by this process's appends and pops, since a
-    # query of the pages after any write scans the file's whole atom table (17 ms at
-    # 16,000 atoms, growing with the file) and a read checks against them every time.
-    rows: dict[int, dict[int, int | None]] = field(default_factory=dict)
+    # The item rows the pages hold, by segment, as far as this process keeps them
+    # (completeness.py): every read is checked against them.
+    rows: dict[int, KeptRows] = field(default_factory=dict)
     # The text of the session's latest user message, when known: a reply's vector is
     # computed with the question it answers (see `append`).
     last_question: str | None = None
@@ -113,18 +97,23 @@ class SessionLayout:
         embedder: The embedder the file's vectors are bound to.
         verdict: The open-time audit of the file (damage.audit): it names the regions
             an interrupted erasure left, which are dropped here.
-        rows: Reads the rows the pages hold for some regions (on the file's owner
-            thread), to check that a read returned all of them.
+        rows, writes: What checks that a read returned every item (completeness.py).
         path: The file, for messages.
     """
 
     def __init__(
-        self, memory: Memory, embedder: Embedder, verdict: AuditVerdict, rows: RowReader, path: str
+        self,
+        memory: Memory,
+        embedder: Embedder,
+        verdict: AuditVerdict,
+        rows: RowReader,
+        writes: Mapping[str | None, int],
+        path: str,
     ) -> None:
         self.embedder = embedder
         self.identity = EmbedderIdentity.of(embedder)
         self.path = path
-        self.rows = rows
+        self.completeness = CompletenessCheck(rows, writes, path)
         self._attached: set[str] = set()
         self._states: dict[str, SessionState] = {}  # by hid
         self._by_id: dict[str, SessionState] = {}
@@ -288,7 +277,7 @@ class SessionLayout:
         region = self.region(memory, state, number)
         state.segments.append(number)
         state.tail_ids, state.tail_stored = [], 0
-        state.rows[number] = {}  # a new region: empty
+        self.completeness.keep(state, number, {})  # a new region: empty
         return region
 
     def drop_segment(self, memory: Memory, state: SessionState, number: int, *, unlist: bool = True) -> None:
@@ -313,42 +302,10 @@ class SessionLayout:
         if state.tail_ids is None:
             number = state.segments[-1]
             hits = self.live_hits(memory, state, number)
-            self.check_complete(state, {number: [hit.id for hit in hits]})
+            self.completeness.check(state, {number: [hit.id for hit in hits]})
             state.tail_ids = [hit.id for hit in hits]
             state.tail_stored = max(state.tail_stored, len(state.tail_ids))
         return state.tail_ids
-
-    def check_complete(
-        self, state: SessionState, read: dict[int, list[int]], newest: int | None = None
-    ) -> None:
-        """Raise unless `read` holds every unexpired item the pages hold in those segments.
-
-        `read` maps a segment to the ids a read returned from it; with `newest`, the read
-        asked for that many of the segment's newest items only.
-        """
-        unknown = {segment_name(state.hid, number): number for number in read if number not in state.rows}
-        if unknown:
-            for name, found in self.rows(list(unknown)).items():
-                state.rows[unknown[name]] = found
-        now = now_micros()  # after the reads: an item that expired since may be gone
-        missing = expected = 0
-        for number, ids in read.items():
-            live = sorted(a for a, expires in state.rows[number].items() if expires is None or expires > now)
-            if newest is not None:
-                live = live[-newest:]
-            expected += len(live)
-            missing += len(set(live) - set(ids))
-        if missing:
-            raise self.damaged(state, missing, expected)
-
-    def damaged(self, state: SessionState, missing: int, expected: int) -> CorruptDatabaseError:
-        """The error for a read that came back short."""
-        return CorruptDatabaseError(
-            f"{self.path} is damaged: {missing} of {expected} items of session {state.session_id!r} "
-            f"cannot be read ({ATOM_KEYS}), and a read never returns a shortened history. Run "
-            "`python -m citadeldb_openai_agents verify` for the full report, and restore the file "
-            "and its companion files together from a backup."
-        )
 
     def has_live(self, memory: Memory, state: SessionState, number: int) -> bool:
         return bool(memory.fetch(self.region(memory, state, number), ITEM_KIND, limit=1))

@@ -25,10 +25,11 @@ from .codec import (
     in_contexts,
     latest_question,
 )
+from .completeness import now_micros
 from .reads import all_items, newest, newest_hit, newest_in
 from .records import CATALOG_REGION
 from .search_blocks import block_atom, derive, placeholder_vector
-from .segments import ALL, SEGMENT_CAPACITY, SessionLayout, SessionState, now_micros
+from .segments import ALL, SEGMENT_CAPACITY, SessionLayout, SessionState
 
 
 def append(
@@ -84,6 +85,7 @@ def append(
     number = state.segments[-1]
     # Entries a pop left without a block go in the same commit, instead of one of their own.
     pending, pending_atoms = search_upkeep.pending_atoms(layout, state, number)
+    kept = layout.completeness.kept(state, number)
     # A failed batch writes nothing; an empty listed segment is a valid tail.
     written = memory.remember_batch(region, atoms + pending_atoms)
     ids, block = written[: len(payloads)], written[len(payloads)]
@@ -95,8 +97,9 @@ def append(
     search_upkeep.appended(layout, state, number, entries.with_ids(ids), block, expires_at, flushed)
     if state.tail_ids is not None:
         state.tail_ids.extend(ids)
-    if number in state.rows:
-        state.rows[number].update(dict.fromkeys(ids, expires_at))
+    if kept is not None:
+        kept.update(dict.fromkeys(ids, expires_at))
+        layout.completeness.keep(state, number, kept)
     state.tail_stored += len(ids)
     state.last_question = question
 
@@ -149,13 +152,15 @@ def pop(
         blocks = search_upkeep.take_out(layout, memory, state, number, [hit.id])
         record.erasing = [hit.id, *blocks]  # announced: a crash mid-erasure is not damage
         layout.write_record(memory, state)
-        receipt = memory.forget(layout.region(memory, state, number), [hit.id, *blocks])
+        region = layout.region(memory, state, number)
+        kept = layout.completeness.kept(state, number)
+        receipt = memory.forget(region, [hit.id, *blocks])
         if receipt.rows_deleted == 0:
             state.tail_ids = None
-            state.rows.pop(number, None)
             continue
-        if number in state.rows:
-            state.rows[number].pop(hit.id, None)
+        if kept is not None:
+            kept.pop(hit.id, None)
+            layout.completeness.keep(state, number, kept)
         if state.tail_ids:
             state.tail_ids.remove(hit.id)
         state.tail_stored = max(0, state.tail_stored - 1)
