@@ -68,6 +68,10 @@ CLIENTS = 20
 # file's lock by inheritance); a worker runs those calls in asyncio's default thread pool
 # (min(32, cores + 4) threads), and all CLIENTS requests may have landed on one worker.
 POOL = min(32, (os.cpu_count() or 1) + 4)
+# How a request fails when the worker that took it is killed: the connection closes before the
+# response (RemoteDisconnected), is reset, or closes mid-body after the headers went out
+# (IncompleteRead: seen once in four runs on Python 3.13 with the suite running beside it).
+KILLED_WORKERS_CONNECTION = ("RemoteDisconnected", "ConnectionResetError", "IncompleteRead")
 STOP_SECONDS = math.ceil(CLIENTS / POOL) * HANDOVER_SECONDS + HANDOVER_SECONDS / 2
 # Where a kill lands: in a write the owner serves, before or after its commit; anywhere.
 MOMENTS = ["before", "after", None]
@@ -391,9 +395,7 @@ def test_uvicorn_workers_keep_every_acknowledged_turn_when_the_owning_worker_is_
     failed = load.failed()
     assert len(failed) <= CLIENTS * kills, failed
     # The unexpected ones alone, so that the message shows them (a list of 40 is cut short).
-    unexpected = [
-        turn for turn in failed if turn.outcome not in ("RemoteDisconnected", "ConnectionResetError")
-    ]
+    unexpected = [turn for turn in failed if turn.outcome not in KILLED_WORKERS_CONNECTION]
     assert not unexpected, (unexpected, [line for line in log.splitlines() if "turn failed" in line][:5])
     assert "turn failed" not in log, log
     assert_every_acknowledged_turn_stored(database, load)
@@ -429,7 +431,7 @@ def test_gunicorn_preload_keeps_every_acknowledged_turn_when_the_master_is_kille
         assert not hung and ended < STOP_SECONDS, (ended, hung)
         # A request fails as the killed worker's dropped connection, or with an error naming the fix.
         outcomes = {turn.outcome for turn in load.failed()}
-        assert outcomes <= {"RemoteDisconnected", "ConnectionResetError", "500 DatabaseLockedError"}, outcomes
+        assert outcomes <= {*KILLED_WORKERS_CONNECTION, "500 DatabaseLockedError"}, outcomes
         failures = [line for line in server.text().splitlines() if "turn failed" in line]
         assert all("Restart the whole server" in line for line in failures), failures
         if MOMENTS[kill % len(MOMENTS)] is not None:
