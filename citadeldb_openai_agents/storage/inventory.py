@@ -86,6 +86,11 @@ class FileInventory:
         }
 
 
+# Up to this many regions are looked up one by one through the index, more in one scan: a
+# lookup costs ~0.3-2 ms, a scan ~1.7 ms per 1,000 atoms (72,000 atoms: 120 ms).
+_LOOKUPS = 16
+
+
 class UnsupportedEngineError(Exception):
     """Citadel's atom tables are not what this package was written against."""
 
@@ -138,14 +143,28 @@ def region_rows(db: citadeldb.Database, names: list[str], kind: str) -> dict[str
     if not ids:
         return found
     by_id = {region_id: name for name, region_id in ids.items()}
-    placeholders = ", ".join(f"${n + 1}" for n in range(len(by_id)))
     for table in _atom_tables(db):
-        rows = _query(
-            db,
-            f"SELECT id, region_id, expires_at FROM {table} "
-            f"WHERE region_id IN ({placeholders}) AND kind = ${len(by_id) + 1}",
-            [*by_id, kind],
-        )
+        if len(by_id) <= _LOOKUPS:
+            # One lookup per region: `region_id = ?` uses the (region_id, kind) index, where
+            # `IN (...)` or `OR` scans the whole table (EXPLAIN on citadeldb 2.7.0: 2 ms
+            # against 120 ms at 72,000 atoms, growing with the file).
+            rows = [
+                row
+                for region_id in by_id
+                for row in _query(
+                    db,
+                    f"SELECT id, region_id, expires_at FROM {table} WHERE region_id = $1 AND kind = $2",
+                    [region_id, kind],
+                )
+            ]
+        else:  # many regions: one scan costs less than that many lookups
+            rows = [
+                row
+                for row in _query(
+                    db, f"SELECT id, region_id, expires_at FROM {table} WHERE kind = $1", [kind]
+                )
+                if row[1] in by_id
+            ]
         for atom, region_id, expires in rows:
             found[by_id[region_id]][int(atom)] = _micros(expires)
     return found
@@ -171,8 +190,15 @@ def _stored_rows(db: citadeldb.Database) -> dict[str, RegionRows]:
 
 
 def _region_ids(db: citadeldb.Database, names: list[str]) -> dict[str, int]:
-    placeholders = ", ".join(f"${n + 1}" for n in range(len(names)))
-    rows = _query(db, f"SELECT name, id FROM {REGION_TABLE} WHERE name IN ({placeholders})", list(names))
+    if len(names) <= _LOOKUPS:  # `name = ?` uses the unique index; `IN (...)` scans (see region_rows)
+        rows = [
+            row
+            for name in names
+            for row in _query(db, f"SELECT name, id FROM {REGION_TABLE} WHERE name = $1", [name])
+        ]
+    else:
+        wanted = set(names)
+        rows = [row for row in _query(db, f"SELECT name, id FROM {REGION_TABLE}") if row[0] in wanted]
     return {name: int(region_id) for name, region_id in rows}
 
 
