@@ -2,25 +2,29 @@
 
     python benchmarks/serving.py            # full run: ~2 min on 2 cores
     python benchmarks/serving.py --quick    # tiny sizes, 2 workers only: ~35 s smoke test
+    python benchmarks/serving.py --only handover --items 50000 --sessions 1000   # a bigger file
 
 Three measurements, each on a file of its own:
 
 * Latency, client against owner. This process fills a file (one session of
-  --items items among --sessions others of --per-session items) and times
-  ``add_items`` (one turn), ``get_items(limit=20)`` and ``pop_item`` on the big
-  session, half of --reps calls before and half after another process that opens the
-  same file, becomes its client, and times --reps of the same calls through this one.
-  The cell is the median (and p95) of --reps calls.
+  --items items among --sessions others of --per-session items), owns it, and
+  starts another process that opens the same file and so becomes its client. Each
+  of ``add_items`` (one turn), ``get_items(limit=20)`` and ``pop_item`` on the big
+  session is timed --reps times in each process, in pairs (one call in the owner,
+  one in the client, the order alternating): the machine's speed drifts by more
+  than a client adds over the seconds a block of calls takes. "Added" is the median
+  of the pairs' differences.
 * Throughput. The agent app (serving_app.py: one `Runner.run` turn per request, a
   `ScriptedModel`) under ``uvicorn --workers N`` on 127.0.0.1, for each N of
   --workers, once on a Citadel file and once on `agents.SQLiteSession`; --clients
   threads send --requests turns (after a warm-up of two per client) to 40 sessions.
   Requests per second, p50 and p95 of a request, and the CPU time each server process
   spent per request (Linux /proc): under Citadel the busiest is the owner.
-* Handover. Another process creates and owns a file (the default argon2 profile,
-  so the KDF is paid as in production); this one is its client. The owner is
-  SIGKILLed; the time runs from the kill to this process's next successful
-  ``add_items``, the takeover (opening the file, the KDF, serving it) included.
+* Handover. Another process owns a file (the default argon2 profile, so the KDF is
+  paid as in production); this one is its client. The owner is SIGKILLed; the time
+  runs from the kill to this process's next successful ``add_items``, the takeover
+  (opening the file, the KDF, the open-time audit, serving it) included. On new
+  files, and on the latency measurement's file (the audit reads every row).
 
 Timing, not a test: nothing here asserts a time. Prints markdown tables and the command.
 """
@@ -64,30 +68,34 @@ def _summary(milliseconds: list[float]) -> tuple[float, float]:
 # -- latency: the same calls in the owner and in a client --------------------------------
 
 
-async def time_calls(path: Path, reps: int) -> dict[str, list[float]]:
-    """Milliseconds per call of the three operations on the big session, in this process."""
+def _calls(session: Any) -> dict[str, Callable[[], Awaitable[Any]]]:
+    """The three timed operations on the big session."""
     import workload
 
+    turns = workload.turns_from(1_000_000 + 1_000_000 * (os.getpid() % 1000))
+    return {
+        "add_items (1 turn)": lambda: session.add_items(next(turns)),
+        "get_items(limit=20)": lambda: session.get_items(limit=20),
+        "pop_item": session.pop_item,
+    }
+
+
+async def _timed(call: Callable[[], Awaitable[Any]]) -> float:
+    start = time.perf_counter()
+    await call()
+    return (time.perf_counter() - start) * 1000
+
+
+async def serve_timed_calls(path: Path) -> None:
+    """The client's side: open the file (as a client of its owner), then time each call named on stdin."""
     from citadeldb_openai_agents import CitadelSessionStore
 
-    store = CitadelSessionStore(path, KEY, argon2_profile="iot")
+    store = CitadelSessionStore(path, KEY)
     try:
-        session = store.session(SUBJECT)
-        turns = workload.turns_from(1_000_000)
-        calls: dict[str, Callable[[], Awaitable[Any]]] = {
-            "add_items (1 turn)": lambda: session.add_items(next(turns)),
-            "get_items(limit=20)": lambda: session.get_items(limit=20),
-            "pop_item": session.pop_item,
-        }
-        times: dict[str, list[float]] = {}
-        for name, call in calls.items():
-            times[name] = []
-            for _ in range(reps):
-                start = time.perf_counter()
-                await call()
-                times[name].append((time.perf_counter() - start) * 1000)
-        times["served by"] = [float(store.served_by or 0)]
-        return times
+        calls = _calls(store.session(SUBJECT))
+        print(json.dumps({"served by": store.served_by}), flush=True)
+        for line in sys.stdin:
+            print(json.dumps(await _timed(calls[line.strip()])), flush=True)
     finally:
         store.close()
 
@@ -97,7 +105,7 @@ async def fill(path: Path, items: int, sessions: int, per_session: int) -> None:
 
     from citadeldb_openai_agents import CitadelSessionStore
 
-    with CitadelSessionStore(path, KEY, argon2_profile="iot") as store:
+    with CitadelSessionStore(path, KEY) as store:
         data = workload.items(items)
         subject = store.session(SUBJECT)
         for at in range(0, len(data), 100):
@@ -108,41 +116,67 @@ async def fill(path: Path, items: int, sessions: int, per_session: int) -> None:
 
 
 def latency(args: argparse.Namespace, directory: Path) -> list[str]:
-    from citadeldb_openai_agents import CitadelSessionStore
-
     path = directory / "latency.cdl"
     asyncio.run(fill(path, args.items, args.sessions, args.per_session))
+    owner, client, added = asyncio.run(paired(path, args.reps))
     rows = [
-        "| call | owner p50 | owner p95 | client p50 | client p95 | added (p50) |",
-        "|---|---|---|---|---|---|",
+        "| call | owner p50 | owner p95 | client p50 | client p95 | added: p50 of pairs | p25..p75 |",
+        "|---|---|---|---|---|---|---|",
     ]
-    # This process owns the file (and serves it) while another process times the calls as its
-    # client; the owner times them before and after the client, so that neither side gets the
-    # warmer cache or the longer session.
-    with CitadelSessionStore(path, KEY, argon2_profile="iot"):
-        before = asyncio.run(time_calls(path, args.reps // 2))
-        done = subprocess.run(
-            [sys.executable, __file__, "--time-calls", str(path), "--reps", str(args.reps)],
-            env=_env(),
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        after = asyncio.run(time_calls(path, args.reps - args.reps // 2))
-    client = json.loads(done.stdout)
-    assert client.pop("served by") == [float(os.getpid())], "the other process was not a client of this one"
-    assert before.pop("served by") == after.pop("served by") == [0.0], (
-        "the owner's timings came through a client"
-    )
-    owner = {name: before[name] + after[name] for name in before}
-    for name, samples in owner.items():
-        owner_p50, owner_p95 = _summary(samples)
+    for name in owner:
+        owner_p50, owner_p95 = _summary(owner[name])
         client_p50, client_p95 = _summary(client[name])
+        q1, _, q3 = statistics.quantiles(added[name], n=4)
         rows.append(
             f"| {name} | {owner_p50:.2f} ms | {owner_p95:.2f} ms | {client_p50:.2f} ms | {client_p95:.2f} ms "
-            f"| {client_p50 - owner_p50:+.2f} ms |"
+            f"| {statistics.median(added[name]):+.3f} ms | {q1:+.2f}..{q3:+.2f} |"
         )
     return rows
+
+
+async def paired(
+    path: Path, reps: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[float]]]:
+    """Each call timed in this process (the owner) and, right before or after, in a client.
+
+    The machine's speed drifts by more than a client adds over the seconds a block of
+    calls takes, so the calls are paired instead: one in the owner, one in the client,
+    the order alternating, and the cell is the median of the pairs' differences. The
+    session's length stays the same across a round (two adds, two pops).
+    """
+    from citadeldb_openai_agents import CitadelSessionStore
+
+    store = CitadelSessionStore(path, KEY)
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--time-calls", str(path)],
+        env=_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        assert store.served_by is None, "this process does not own the file"
+        hello = json.loads(child.stdout.readline())
+        assert hello["served by"] == os.getpid(), "the other process is not a client of this one"
+        calls = _calls(store.session(SUBJECT))
+        owner: dict[str, list[float]] = {name: [] for name in calls}
+        client: dict[str, list[float]] = {name: [] for name in calls}
+        for rep in range(reps):
+            for name, call in calls.items():
+                if rep % 2:
+                    owner[name].append(await _timed(call))
+                child.stdin.write(name + "\n")
+                child.stdin.flush()
+                client[name].append(float(json.loads(child.stdout.readline())))
+                if not rep % 2:
+                    owner[name].append(await _timed(call))
+    finally:
+        child.stdin.close()
+        child.wait(timeout=60)
+        store.close()
+    added = {name: [c - o for o, c in zip(owner[name], client[name], strict=True)] for name in owner}
+    return owner, client, added
 
 
 # -- throughput: the agent app under uvicorn --workers N ---------------------------------
@@ -308,13 +342,17 @@ async def one_handover(path: Path) -> float:
     try:
         assert store.served_by == owner.pid, "this process is not the owner's client"
         session = store.session(SUBJECT)
+        held = len(await session.get_items())
         await session.add_items(workload.make_turn(0))
         start = time.perf_counter()
         owner.kill()
         await session.add_items(workload.make_turn(1))
         elapsed = (time.perf_counter() - start) * 1000
         assert store.served_by is None, "this process did not take the file over"
-        assert len(await session.get_items()) == len(workload.make_turn(0)) + len(workload.make_turn(1))
+        added = len(workload.make_turn(0)) + len(workload.make_turn(1))
+        assert len(await session.get_items()) == held + added
+        for _ in range(added):  # the session as it was, for the next run on this file
+            await session.pop_item()
         return elapsed
     finally:
         owner.wait()
@@ -322,15 +360,22 @@ async def one_handover(path: Path) -> float:
 
 
 def handover(args: argparse.Namespace, directory: Path) -> list[str]:
-    times = [
-        asyncio.run(one_handover(directory / f"handover-{rep}.cdl")) for rep in range(args.handover_reps)
-    ]
-    p50, _ = _summary(times)
-    return [
-        "| handover (SIGKILL to next write) | p50 | max | runs |",
+    rows = [
+        "| handover (SIGKILL to next write), default argon2 profile | p50 | max | runs |",
         "|---|---|---|---|",
-        f"| default argon2 profile | {p50:.0f} ms | {max(times):.0f} ms | {len(times)} |",
     ]
+    # Taking a file over opens it, and the open-time audit reads every row: the file's size counts.
+    items = args.items + args.sessions * args.per_session
+    if not (directory / "latency.cdl").exists():  # --only handover
+        asyncio.run(fill(directory / "latency.cdl", args.items, args.sessions, args.per_session))
+    for what, paths in [
+        ("a new file", [directory / f"handover-{rep}.cdl" for rep in range(args.handover_reps)]),
+        (f"the latency file ({items:,} items)", [directory / "latency.cdl"] * args.handover_reps),
+    ]:
+        times = [asyncio.run(one_handover(path)) for path in paths]
+        p50, _ = _summary(times)
+        rows.append(f"| {what} | {p50:.0f} ms | {max(times):.0f} ms | {len(times)} |")
+    return rows
 
 
 # -- command line ------------------------------------------------------------------------
@@ -347,13 +392,16 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=20, help="concurrent HTTP clients")
     parser.add_argument("--requests", type=int, default=600, help="timed requests per server")
     parser.add_argument("--handover-reps", type=int, default=5, help="owners killed")
+    parser.add_argument(
+        "--only", choices=["latency", "throughput", "handover"], nargs="+", help="these measurements alone"
+    )
     parser.add_argument("--workdir", help="where the files go (default: a temporary directory)")
     parser.add_argument("--time-calls", help=argparse.SUPPRESS)  # the client's side of the latency
     parser.add_argument("--hold", help=argparse.SUPPRESS)  # the owner of the handover
     args = parser.parse_args()
     sys.path.insert(0, str(HERE))
     if args.time_calls:
-        print(json.dumps(asyncio.run(time_calls(Path(args.time_calls), args.reps))))
+        asyncio.run(serve_timed_calls(Path(args.time_calls)))
         return
     if args.hold:
         hold(args.hold)
@@ -371,6 +419,8 @@ def main() -> None:
         ]
         print(f"`{command}` ({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f})\n")
         for title, measure in sections:
+            if args.only and measure.__name__ not in args.only:
+                continue
             print(f"{title}:\n")
             print("\n".join(measure(args, directory)) + "\n", flush=True)
 

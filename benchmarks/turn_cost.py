@@ -1,12 +1,14 @@
 """What one agent turn costs the process that owns the file: a full read and two appends.
 
-    python benchmarks/turn_cost.py                 # 40 sessions of 30 items, 5 turns each: ~10 s
+    python benchmarks/turn_cost.py                 # 40 sessions of 30 items, 5 turns each: ~15 s
     python benchmarks/turn_cost.py --warm 100      # the same in a bigger file
 
 The SDK's `Runner` reads the whole session at the start of a turn and appends the
 user's input and the answer; under many processes the owner does this for every
-worker. The store's internal calls are timed in this thread (no event loop, no
-socket), so the figures are the storage's own: wall and CPU milliseconds per turn.
+worker. The store's internal calls are timed in this thread (no event loop), so the
+figures are the storage's own: wall and CPU milliseconds per turn. Then another process,
+a client of this one, runs the same number of turns through the socket: its own wall and
+CPU per turn, and the CPU this process (the owner) spent serving each.
 
 Timing, not a test: nothing here asserts a time.
 """
@@ -14,12 +16,17 @@ Timing, not a test: nothing here asserts a time.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 from citadeldb_openai_agents import CitadelSessionStore
+
+KEY = "benchmark passphrase"
 
 
 def user(turn: int) -> list[dict[str, object]]:
@@ -39,40 +46,65 @@ def answer(turn: int) -> list[dict[str, object]]:
     ]
 
 
+def timed_turns(store: CitadelSessionStore, ids: list[str], turns: range) -> tuple[float, float]:
+    """Wall and CPU milliseconds per turn of this process, over `turns` of every session."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    for turn in turns:
+        for session_id in ids:
+            store._get_items(session_id, None)
+            store._add_items(session_id, user(turn))
+            store._add_items(session_id, answer(turn))
+    count = len(ids) * len(turns)
+    return (time.perf_counter() - wall) * 1000 / count, (time.process_time() - cpu) * 1000 / count
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=40)
     parser.add_argument("--warm", type=int, default=15, help="turns stored in each session first")
     parser.add_argument("--turns", type=int, default=5, help="timed turns per session")
+    parser.add_argument("--client", help=argparse.SUPPRESS)  # the file, opened as a client of its owner
     args = parser.parse_args()
+    ids = [f"user-{number:02d}" for number in range(args.sessions)]
+    if args.client:
+        with CitadelSessionStore(args.client, KEY, argon2_profile="iot") as store:
+            assert store.served_by is not None, "this process owns the file: it was to be a client"
+            start = args.warm + args.turns
+            print(json.dumps(timed_turns(store, ids, range(start, start + args.turns))))
+        return
     with tempfile.TemporaryDirectory() as scratch:
-        store = CitadelSessionStore(Path(scratch) / "turns.cdl", "benchmark passphrase", argon2_profile="iot")
+        path = Path(scratch) / "turns.cdl"
+        store = CitadelSessionStore(path, KEY, argon2_profile="iot")
         try:
-            ids = [f"user-{number:02d}" for number in range(args.sessions)]
             for turn in range(args.warm):
                 for session_id in ids:
                     store._add_items(session_id, user(turn))
                     store._add_items(session_id, answer(turn))
-            wall, cpu = time.perf_counter(), time.process_time()
-            for turn in range(args.warm, args.warm + args.turns):
-                for session_id in ids:
-                    store._get_items(session_id, None)
-                    store._add_items(session_id, user(turn))
-                    store._add_items(session_id, answer(turn))
-            turns = args.sessions * args.turns
-            wall_ms = (time.perf_counter() - wall) * 1000 / turns
-            cpu_ms = (time.process_time() - cpu) * 1000 / turns
+            owner = timed_turns(store, ids, range(args.warm, args.warm + args.turns))
+            # The same turns from another process, a client of this one: what each side spends.
+            cpu = time.process_time()
+            child = subprocess.run(
+                [sys.executable, __file__, *sys.argv[1:], "--client", str(path)],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            served = (time.process_time() - cpu) * 1000 / (args.sessions * args.turns)
+            client_wall, client_cpu = json.loads(child.stdout)
         finally:
             store.close()
-    items = args.sessions * (args.warm + args.turns) * 2  # a user message and an answer per turn
+    items = args.sessions * (args.warm + 2 * args.turns) * 2  # a user message and an answer per turn
     print(
         f"`python benchmarks/turn_cost.py --sessions {args.sessions} --warm {args.warm} --turns {args.turns}`"
     )
     print(
         f"({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; {items:,} items in the file at the end)\n"
     )
-    print("| per turn (full read + 2 appends) | wall | CPU |\n|---|---:|---:|")
-    print(f"| owner, in process | {wall_ms:.2f} ms | {cpu_ms:.2f} ms |")
+    print(
+        "| per turn (full read + 2 appends) | wall | CPU, the caller | CPU, the owner |\n|---|---:|---:|---:|"
+    )
+    print(f"| in the owner | {owner[0]:.2f} ms | {owner[1]:.2f} ms | (the same) |")
+    print(f"| in a client | {client_wall:.2f} ms | {client_cpu:.2f} ms | {served:.2f} ms |")
 
 
 if __name__ == "__main__":

@@ -2,9 +2,9 @@
 
 Citadel skips an atom whose key it cannot read, silently (../shared/CITADEL_NOTES.md),
 so a read compares the ids it got with the rows the file's pages list. Querying the
-pages after any write scans the file's whole atom table (17 ms at 16,000 atoms,
-growing with the file), so a segment's rows are looked up once and then kept by
-this process's appends and pops (`KeptRows`). Every call that may change a region is
+pages costs 0.3-2 ms a segment even by the index, and the SDK reads whole sessions every
+turn, so a segment's rows are looked up once and then kept by this process's appends
+and pops (`KeptRows`). Every call that may change a region is
 counted where Citadel is called (handle.py `MemoryHandle`): a write by any other
 path, today's or a later one, makes the next read look at the pages again.
 """
