@@ -37,7 +37,9 @@ from citadeldb_openai_agents import (
     StorageError,
     WrongPassphraseError,
 )
+from citadeldb_openai_agents.serving import shared
 from citadeldb_openai_agents.serving.address import socket_path
+from citadeldb_openai_agents.storage.lockholder import find_lock_holder
 
 from conftest import KEY
 
@@ -268,6 +270,69 @@ def test_an_owner_that_does_not_serve_refuses_others_at_once(db_path: Path) -> N
         alone.stop()
 
 
+# Owns the file after an open that takes argv[3] seconds longer than it would (its open-time
+# audit sleeps first), as a big file's does; then serves it until stdin closes.
+SLOW_OPENER = textwrap.dedent(
+    """
+    import sys, time
+    from citadeldb_openai_agents import CitadelSessionStore
+    from citadeldb_openai_agents.storage import local
+
+    audit = local.check_before_memory
+    local.check_before_memory = lambda *args: (time.sleep(float(sys.argv[3])), audit(*args))[1]
+    store = CitadelSessionStore(sys.argv[1], sys.argv[2], argon2_profile="iot")
+    print("serving", flush=True)
+    sys.stdin.read()
+    store.close()
+    """
+)
+
+
+@contextlib.contextmanager
+def slow_opener(path: Path, seconds: float) -> Iterator[subprocess.Popen[str]]:
+    """A process opening `path` for `seconds` more than it takes; yielded once it holds the lock."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CITADEL_")}
+    opener = subprocess.Popen(
+        [sys.executable, "-c", SLOW_OPENER, str(path), KEY, str(seconds)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while (holder := find_lock_holder(path)) is None or holder.pid != opener.pid:
+            assert time.monotonic() < deadline and opener.poll() is None, "the opener never took the lock"
+            time.sleep(0.01)
+        yield opener
+    finally:
+        opener.kill()
+        opener.wait(timeout=30)
+
+
+def test_a_process_that_finds_the_file_held_by_one_still_opening_it_waits_for_it(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A big file takes seconds to open (its audit reads every row: 1.6-1.8 s at 70,000 items),
+    while its opener holds the lock and serves no one yet. Another process (a worker starting
+    beside it, a client after a handover) waits for it instead of calling it stuck after the
+    fixed wait, and gives up with a message that says why once the opener takes too long."""
+    CitadelSessionStore(db_path, KEY, argon2_profile="iot").close()
+    monkeypatch.setattr(shared, "HANDOVER_SECONDS", 1.0)
+    with slow_opener(db_path, 4.0) as opener:
+        started = time.monotonic()
+        with CitadelSessionStore(db_path, KEY) as store:
+            assert store.served_by == opener.pid
+            assert time.monotonic() - started > 1.0  # it waited past the fixed wait
+    monkeypatch.setattr(shared, "OPENING_SECONDS", 2.0)
+    with slow_opener(db_path, 30.0) as opener:
+        with pytest.raises(
+            DatabaseLockedError, match="has been opening the file for more than 2 s"
+        ) as caught:
+            CitadelSessionStore(db_path, KEY)
+        assert f"PID {opener.pid}" in str(caught.value)
+
+
 # -- the socket ------------------------------------------------------------------------------
 
 
@@ -358,12 +423,17 @@ def test_sockets_that_killed_owners_left_are_removed_by_the_next_owner(
     for name, pid in (("4" * 32, int(dead.stdout)), ("5" * 32, os.getpid())):
         (directory / f"{name}.exclusive").write_text(str(pid))
         os.utime(directory / f"{name}.exclusive", (an_hour_ago, an_hour_ago))
+    # The marks of processes killed while opening a file, and of one still opening (this one).
+    for mark in (f"{'6' * 32}.opening.{int(dead.stdout)}", f"{'7' * 32}.opening.{os.getpid()}"):
+        (directory / mark).touch()
+        os.utime(directory / mark, (an_hour_ago, an_hour_ago))
     try:
         with CitadelSessionStore(db_path, KEY, argon2_profile="iot") as store:
             assert store.served_by is None
             own = Path(socket_path(str(db_path.resolve()))).name
             left = {entry.name for entry in directory.iterdir()}
-            assert left == {"2" * 32 + ".sock", "3" * 32 + ".sock", "5" * 32 + ".exclusive", own}, left
+            kept = {"2" * 32 + ".sock", "3" * 32 + ".sock", "5" * 32 + ".exclusive", own}
+            assert left == {*kept, f"{'7' * 32}.opening.{os.getpid()}"}, left
     finally:
         live.close()
         shutil.rmtree(runtime)

@@ -77,6 +77,11 @@ def remove_stale_sockets(keep: str, *, older_than: float = 60.0) -> list[str]:
             if _age(entry, now) >= older_than and gone(int(entry.read_text())):
                 entry.unlink()
                 removed.append(str(entry))
+    for entry in directory.glob("*.opening.*"):  # `hosting.opening`'s, named by pid
+        with contextlib.suppress(OSError, ValueError):
+            if _age(entry, now) >= older_than and gone(int(entry.name.rsplit(".", 1)[1])):
+                entry.unlink()
+                removed.append(str(entry))
     return removed
 
 
@@ -100,6 +105,11 @@ def _bound_unix_sockets() -> set[str] | None:
             }
     except (OSError, StopIteration):
         return None
+
+
+def opening_marker(database: str, pid: int) -> str:
+    """A file that says process `pid` is opening the database (it may hold the lock, not serve yet)."""
+    return str(runtime_directory() / f"{_name(database)}.opening.{pid}")
 
 
 def exclusive_marker(database: str) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import DatabaseLockedError
+from ..errors import ConfigurationError, DatabaseLockedError
 
 
 def not_serving_here(locked: DatabaseLockedError) -> DatabaseLockedError:
@@ -36,10 +36,28 @@ def parent_gone(path: str, parent: int, exited: bool, waited: float) -> Database
     )
 
 
-def never_served(locked: DatabaseLockedError, waited: float) -> DatabaseLockedError:
+def never_served(locked: DatabaseLockedError, waited: float, *, opening: bool = False) -> DatabaseLockedError:
     """The holder did not serve the file in time."""
+    if opening:
+        return DatabaseLockedError(
+            f"{locked} It has been opening the file for more than {waited:g} s without serving it: "
+            "it is stuck, or the file is too big to open in that time (an open reads every row). "
+            "Stop that process, then retry; split a file this big into shards (docs/deployment.md).",
+            holder=locked.holder,
+        )
     return DatabaseLockedError(
         f"{locked} It did not serve the file within {waited:g} s: it is not a store of this "
         "package, or it is stuck opening the file. Stop that process, then retry.",
         holder=locked.holder,
+    )
+
+
+def settings_differ(problems: list[str], owner: int, path: str) -> ConfigurationError:
+    """A setting fixed per file (TTL, embedder) differs between this process and the owner."""
+    return ConfigurationError(
+        [
+            f"{problem} (the owner is process {owner}, which holds {path}); "
+            "every process on one file needs the same value"
+            for problem in problems
+        ]
     )

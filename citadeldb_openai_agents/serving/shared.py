@@ -18,6 +18,7 @@ zeroed on close: taking the file over means opening it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -27,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 
 from ..embedders.protocol import Embedder, EmbedderIdentity
 from ..errors import (
-    ConfigurationError,
     DatabaseLockedError,
     ForkedStoreError,
     SessionClosedError,
@@ -44,7 +44,9 @@ from .client import OwnerGone, RemoteOwner
 from .hosting import (
     clients_of,
     is_exclusive,
+    is_opening,
     mark_exclusive,
+    opening,
     restart_serving,
     serves,
     start_serving,
@@ -59,6 +61,8 @@ if TYPE_CHECKING:
 # serves), or a new one after the old one died. Past it, the file is held by a process
 # that does not serve it.
 HANDOVER_SECONDS = 10.0
+# How long a client waits for a holder still opening the file (1.6-1.8 s at 70,000 items).
+OPENING_SECONDS = 300.0
 
 
 class SharedFile:
@@ -334,37 +338,39 @@ class SharedFile:
             raise SessionClosedError(f"the store for {self._resolved} is closed")
         locked: DatabaseLockedError | None = None
         parent: int | None = None  # the process this one was forked from, when it held the file
+        patience = time.monotonic() + OPENING_SECONDS
         while True:
-            try:
-                local = LocalFile(
-                    self._opening,
-                    self._secret.value.decode("utf-8", "surrogatepass"),
-                    embedder=self._embedder,
-                    options=self._options,
-                    create=self._create,
-                )
-            except DatabaseLockedError as exc:
-                if not self._serve:
-                    raise refusals.not_serving_here(exc) from None
-                locked = exc
-            except ForkedStoreError as exc:
-                # A child forked while its parent held the file: the parent serves it, or nobody.
-                if not self._serve or not serves(self._resolved):
-                    raise
-                parent = exc.owner_pid
-                locked = DatabaseLockedError(f"{self._resolved} is held by the parent of this process.")
-            else:
+            with opening(self._resolved) if self._serve else contextlib.nullcontext():
                 try:
-                    if self._serve:
-                        start_serving(self._resolved, local, bytes(self._authkey.value), self._ttl)
-                    else:
-                        mark_exclusive(self._resolved, True)
-                except BaseException:
-                    local.release()  # else this process would hold the file and serve no one
-                    raise
-                self._local, self._owner_pid = local, None
-                self._opening = self._resolved
-                return
+                    local = LocalFile(
+                        self._opening,
+                        self._secret.value.decode("utf-8", "surrogatepass"),
+                        embedder=self._embedder,
+                        options=self._options,
+                        create=self._create,
+                    )
+                except DatabaseLockedError as exc:
+                    if not self._serve:
+                        raise refusals.not_serving_here(exc) from None
+                    locked = exc
+                except ForkedStoreError as exc:
+                    # A child forked while its parent held the file: the parent serves it, or nobody.
+                    if not self._serve or not serves(self._resolved):
+                        raise
+                    parent = exc.owner_pid
+                    locked = DatabaseLockedError(f"{self._resolved} is held by the parent of this process.")
+                else:
+                    try:
+                        if self._serve:
+                            start_serving(self._resolved, local, bytes(self._authkey.value), self._ttl)
+                        else:
+                            mark_exclusive(self._resolved, True)
+                    except BaseException:
+                        local.release()  # else this process would hold the file and serve no one
+                        raise
+                    self._local, self._owner_pid = local, None
+                    self._opening = self._resolved
+                    return
             if is_exclusive(self._resolved):
                 raise refusals.kept_to_itself(locked)
             try:
@@ -378,8 +384,15 @@ class SharedFile:
                     raise refusals.parent_gone(
                         self._resolved, parent, gone(parent), HANDOVER_SECONDS
                     ) from None
+                holder = locked.holder if locked is not None else None
+                opener = holder is not None and is_opening(self._resolved, holder.pid)
+                if opener:
+                    # A big file takes seconds to open (its audit reads every row): the holder
+                    # is on its way to serving it, so wait for it rather than a fixed time.
+                    deadline = max(deadline, min(time.monotonic() + HANDOVER_SECONDS, patience))
                 if time.monotonic() > deadline:
-                    raise refusals.never_served(locked, HANDOVER_SECONDS) from None
+                    waited = OPENING_SECONDS if opener else HANDOVER_SECONDS
+                    raise refusals.never_served(locked, waited, opening=opener) from None
                 time.sleep(0.02)
                 continue
             self._agree(self._remote)
@@ -399,13 +412,7 @@ class SharedFile:
         if problems:
             remote.close()
             self._remote = None
-            raise ConfigurationError(
-                [
-                    f"{problem} (the owner is process {remote.owner.pid}, which holds {self._resolved}); "
-                    "every process on one file needs the same value"
-                    for problem in problems
-                ]
-            )
+            raise refusals.settings_differ(problems, remote.owner.pid, self._resolved)
 
 
 class _GoneAfterNote(Exception):
