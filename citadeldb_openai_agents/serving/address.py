@@ -184,5 +184,10 @@ class Secret:
     def wipe(self) -> None:
         self.value[:] = bytes(len(self.value))
 
+    def replace(self, value: bytes) -> None:
+        """Hold `value` instead; the old bytes are zeroed first (an old passphrase is still a secret)."""
+        self.wipe()
+        self.value = bytearray(value)
+
     def __repr__(self) -> str:
         return "<secret>"

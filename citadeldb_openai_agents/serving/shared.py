@@ -266,8 +266,8 @@ class SharedFile:
                     "old one. Stop them first, then run rotate-key."
                 )
             local.rotate_key(*keys)
-            self._secret = Secret(keys[1].encode("utf-8", "surrogatepass"))
-            self._authkey = Secret(derive_authkey(keys[1], self._resolved) if self._serve else b"")
+            self._secret.replace(keys[1].encode("utf-8", "surrogatepass"))
+            self._authkey.replace(derive_authkey(keys[1], self._resolved) if self._serve else b"")
             restart_serving(self._resolved, local, bytes(self._authkey.value), self._ttl)
         finally:
             keys.clear()
