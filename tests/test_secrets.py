@@ -34,10 +34,12 @@ from citadeldb_openai_agents import (
     from_config,
 )
 
-PASSPHRASE = "horse-7c1f9e2a-battery-d84b"
-WRONG = "horse-7c1f9e2a-battery-d84c"  # a typo of the real one: as secret
+# The short fragments are not hex: a socket's name is 32 hex characters of a hash of the path,
+# and a 4-character hex fragment turned up in one by chance (about 1% of runs, CI 2026-12-01).
+PASSPHRASE = "horse-7c1f9e2a-battery-d84q"
+WRONG = "horse-7c1f9e2a-battery-d84r"  # a typo of the real one: as secret
 NEW = "quartz-51aa03be-lantern-9f0e"
-SECRETS = [PASSPHRASE, WRONG, NEW, "7c1f9e2a", "d84b", "d84c", "51aa03be", "lantern-9f0e"]
+SECRETS = [PASSPHRASE, WRONG, NEW, "7c1f9e2a", "d84q", "d84r", "51aa03be", "lantern-9f0e"]
 
 
 def leaked(text: str) -> list[str]:
