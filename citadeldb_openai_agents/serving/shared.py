@@ -336,41 +336,46 @@ class SharedFile:
         """Own the file (and serve it), or become a client of the process that does."""
         if self._released:
             raise SessionClosedError(f"the store for {self._resolved} is closed")
+        # Marked once for the whole attempt, not per pass of its 20 ms retries: only the mark
+        # of the process that gets the lock matters, and it lasts until that one serves.
+        with opening(self._resolved) if self._serve else contextlib.nullcontext():
+            self._own_or_connect(deadline)
+
+    def _own_or_connect(self, deadline: float) -> None:
         locked: DatabaseLockedError | None = None
         parent: int | None = None  # the process this one was forked from, when it held the file
         patience = time.monotonic() + OPENING_SECONDS
         while True:
-            with opening(self._resolved) if self._serve else contextlib.nullcontext():
+            try:
+                local = LocalFile(
+                    self._opening,
+                    self._secret.value.decode("utf-8", "surrogatepass"),
+                    embedder=self._embedder,
+                    options=self._options,
+                    create=self._create,
+                )
+            except DatabaseLockedError as exc:
+                if not self._serve:
+                    raise refusals.not_serving_here(exc) from None
+                locked = exc
+            except ForkedStoreError as exc:
+                # A child forked while its parent held the file: the parent serves it, or nobody.
+                if not self._serve or not serves(self._resolved):
+                    raise
+                parent = exc.owner_pid
+                locked = DatabaseLockedError(f"{self._resolved} is held by the parent of this process.")
+            else:
                 try:
-                    local = LocalFile(
-                        self._opening,
-                        self._secret.value.decode("utf-8", "surrogatepass"),
-                        embedder=self._embedder,
-                        options=self._options,
-                        create=self._create,
-                    )
-                except DatabaseLockedError as exc:
-                    if not self._serve:
-                        raise refusals.not_serving_here(exc) from None
-                    locked = exc
-                except ForkedStoreError as exc:
-                    # A child forked while its parent held the file: the parent serves it, or nobody.
-                    if not self._serve or not serves(self._resolved):
-                        raise
-                    parent = exc.owner_pid
-                    locked = DatabaseLockedError(f"{self._resolved} is held by the parent of this process.")
-                else:
-                    try:
-                        if self._serve:
-                            start_serving(self._resolved, local, bytes(self._authkey.value), self._ttl)
-                        else:
-                            mark_exclusive(self._resolved, True)
-                    except BaseException:
-                        local.release()  # else this process would hold the file and serve no one
-                        raise
-                    self._local, self._owner_pid = local, None
-                    self._opening = self._resolved
-                    return
+                    if self._serve:
+                        start_serving(self._resolved, local, bytes(self._authkey.value), self._ttl)
+                    else:
+                        mark_exclusive(self._resolved, True)
+                except BaseException:
+                    local.release()  # else this process would hold the file and serve no one
+                    raise
+                self._local, self._owner_pid = local, None
+                self._opening = self._resolved
+                return
             if is_exclusive(self._resolved):
                 raise refusals.kept_to_itself(locked)
             try:
