@@ -21,6 +21,7 @@ import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
+from multiprocessing.connection import Client, Connection
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,8 @@ from citadeldb_openai_agents import (
     WrongPassphraseError,
 )
 from citadeldb_openai_agents.serving import shared
-from citadeldb_openai_agents.serving.address import socket_path
+from citadeldb_openai_agents.serving.address import derive_authkey, socket_path
+from citadeldb_openai_agents.serving.protocol import VERSION, ClientHello
 from citadeldb_openai_agents.storage.lockholder import find_lock_holder
 
 from conftest import KEY
@@ -352,6 +354,50 @@ def test_garbage_on_the_socket_does_not_stop_the_owner(service: Service, db_path
         silent.close()
     log = service.stop()
     assert log.count("refused a peer") >= 3
+
+
+def _authenticated_peer(db_path: Path) -> Connection:
+    """A peer that knows the passphrase and says hello, as a client of this package does."""
+    path = str(db_path.resolve())
+    connection = Client(socket_path(path), family="AF_UNIX", authkey=derive_authkey(KEY, path))
+    connection.send(("hello", VERSION, ClientHello(os.getpid(), "test", None, ("any", 1, "cosine"))))
+    assert connection.recv()[0] == "welcome"
+    return connection
+
+
+def _replies(connection: Connection) -> list[str]:
+    tags = [connection.recv()[0]]
+    while tags[-1] not in ("ok", "error"):
+        tags.append(connection.recv()[0])
+    return tags
+
+
+def test_the_owner_reports_progress_only_to_a_caller_that_asks_for_it(
+    service: Service, db_path: Path
+) -> None:
+    # Every full read of a session (the SDK's, each turn) may report progress: a message
+    # each way that a caller with no progress callback only throws away.
+    assert service.ask("add alice one") == "added"
+    with contextlib.closing(_authenticated_peer(db_path)) as peer:
+        peer.send(("all_items", ("alice",), False))
+        assert _replies(peer) == ["ok"]
+        peer.send(("all_items", ("alice",), True))
+        assert _replies(peer) == ["progress", "ok"]
+
+
+def test_an_authenticated_peer_that_sends_no_call_is_dropped_and_the_owner_goes_on(
+    service: Service, db_path: Path
+) -> None:
+    with contextlib.closing(_authenticated_peer(db_path)) as peer:
+        peer.send(("all_items", ("alice",)))  # a call as an older version framed it
+        with pytest.raises(EOFError):
+            peer.recv()
+    assert service.ask("add alice still serving") == "added"
+    with CitadelSessionStore(db_path, KEY) as client:
+        assert asyncio.run(client.session("alice").get_items()) == items("still serving")
+    log = service.stop()
+    assert "it sent a message that is not a call" in log
+    assert "Traceback" not in log
 
 
 def test_a_long_database_path_still_serves(tmp_path: Path) -> None:

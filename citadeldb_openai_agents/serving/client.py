@@ -53,7 +53,7 @@ class RemoteOwner:
         """
         connection = self._take()
         try:
-            connection.send((operation, args))
+            connection.send((operation, args, progress is not None))
             while True:
                 reply = connection.recv()
                 if reply[0] == "progress":

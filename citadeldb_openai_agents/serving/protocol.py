@@ -5,8 +5,9 @@ is unpickled before that peer has proved it knows the passphrase):
 
 * client -> owner, once: ``("hello", VERSION, ClientHello)``; the owner answers
   ``("welcome", OwnerHello)``;
-* client -> owner, per call: ``(operation, args)``; the owner answers with any number
-  of ``("progress", done, total)``, then ``("ok", value)`` or ``("error", exception)``.
+* client -> owner, per call: ``(operation, args, reporting)``; the owner answers with
+  any number of ``("progress", done, total)`` (only when `reporting`), then
+  ``("ok", value)`` or ``("error", exception)``.
   A pop or a clear first says what it is about to erase, ``("noted", value)``, so a
   client that loses the owner mid-call knows how to finish it (serving/shared.py).
 
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from ..embedders.protocol import EmbedderIdentity
 from ..errors import StorageError
 
-VERSION = 2  # 2: pop and clear in one round trip, with a note
+VERSION = 3  # 2: pop and clear in one round trip, with a note; 3: progress on request
 
 
 def wire_identity(embedder: EmbedderIdentity) -> tuple[str, int, str]:

@@ -147,8 +147,8 @@ class Server:
                 return
             _receive_timeout(peer, 0)
             log.info("client connected to %s: %s (%s)", self._file.path, who, hello.program)
-            self._calls(connection)
-            log.info("client left %s: %s", self._file.path, who)
+            if self._calls(connection, who):
+                log.info("client left %s: %s", self._file.path, who)
         except (EOFError, OSError) as exc:
             if not self._closed.is_set():
                 log.warning("dropped the client %s of %s: %s", who, self._file.path, type(exc).__name__)
@@ -197,18 +197,31 @@ class Server:
         )
         return hello
 
-    def _calls(self, connection: Connection) -> None:
+    def _calls(self, connection: Connection, who: str) -> bool:
+        """Answer the client's calls until it leaves (True) or sends what is not a call (False)."""
         while True:
             try:
-                operation, args = connection.recv()
+                message = connection.recv()
             except EOFError:
-                return  # the client closed the connection: it left
+                return True  # the client closed the connection: it left
+            if not (
+                isinstance(message, tuple)
+                and len(message) == 3
+                and isinstance(message[0], str)
+                and isinstance(message[1], tuple)
+            ):
+                log.warning(
+                    "dropped the client %s of %s: it sent a message that is not a call", who, self._file.path
+                )
+                return False
+            operation, args, reporting = message
             function = getattr(self._file, operation) if operation in OPERATIONS else None
             if function is None:
                 connection.send(("error", CitadelSessionError(f"the owner offers no {operation!r}")))
                 continue
             try:
-                if operation in REPORTING:
+                # Progress only for a caller that asked for it: every full read reports it.
+                if operation in REPORTING and reporting:
                     result = function(*args, progress=_forward(connection, "progress"))
                 elif operation in NOTING:
                     result = function(*args, note=_forward(connection, "noted"))
