@@ -336,74 +336,70 @@ class SharedFile:
         """Own the file (and serve it), or become a client of the process that does."""
         if self._released:
             raise SessionClosedError(f"the store for {self._resolved} is closed")
-        # Marked once for the whole attempt, not per pass of its 20 ms retries: only the mark
-        # of the process that gets the lock matters, and it lasts until that one serves.
-        with opening(self._resolved) if self._serve else contextlib.nullcontext():
-            self._own_or_connect(deadline)
-
-    def _own_or_connect(self, deadline: float) -> None:
         locked: DatabaseLockedError | None = None
         parent: int | None = None  # the process this one was forked from, when it held the file
         patience = time.monotonic() + OPENING_SECONDS
-        while True:
-            try:
-                local = LocalFile(
-                    self._opening,
-                    self._secret.value.decode("utf-8", "surrogatepass"),
-                    embedder=self._embedder,
-                    options=self._options,
-                    create=self._create,
-                )
-            except DatabaseLockedError as exc:
-                if not self._serve:
-                    raise refusals.not_serving_here(exc) from None
-                locked = exc
-            except ForkedStoreError as exc:
-                # A child forked while its parent held the file: the parent serves it, or nobody.
-                if not self._serve or not serves(self._resolved):
-                    raise
-                parent = exc.owner_pid
-                locked = DatabaseLockedError(f"{self._resolved} is held by the parent of this process.")
-            else:
+        # Marked opening once, not on each 20 ms retry: only the lock holder's mark is looked at.
+        with opening(self._resolved) if self._serve else contextlib.nullcontext():
+            while True:
                 try:
-                    if self._serve:
-                        start_serving(self._resolved, local, bytes(self._authkey.value), self._ttl)
-                    else:
-                        mark_exclusive(self._resolved, True)
-                except BaseException:
-                    local.release()  # else this process would hold the file and serve no one
-                    raise
-                self._local, self._owner_pid = local, None
+                    local = LocalFile(
+                        self._opening,
+                        self._secret.value.decode("utf-8", "surrogatepass"),
+                        embedder=self._embedder,
+                        options=self._options,
+                        create=self._create,
+                    )
+                except DatabaseLockedError as exc:
+                    if not self._serve:
+                        raise refusals.not_serving_here(exc) from None
+                    locked = exc
+                except ForkedStoreError as exc:
+                    # A child forked while its parent held the file: the parent serves it, or nobody.
+                    if not self._serve or not serves(self._resolved):
+                        raise
+                    parent = exc.owner_pid
+                    locked = DatabaseLockedError(f"{self._resolved} is held by the parent of this process.")
+                else:
+                    try:
+                        if self._serve:
+                            start_serving(self._resolved, local, bytes(self._authkey.value), self._ttl)
+                        else:
+                            mark_exclusive(self._resolved, True)
+                    except BaseException:
+                        local.release()  # else this process would hold the file and serve no one
+                        raise
+                    self._local, self._owner_pid = local, None
+                    self._opening = self._resolved
+                    return
+                if is_exclusive(self._resolved):
+                    raise refusals.kept_to_itself(locked)
+                try:
+                    self._remote = RemoteOwner(
+                        socket_path(self._resolved), bytes(self._authkey.value), self._hello(), self._resolved
+                    )
+                except OwnerGone:
+                    if parent is not None and (gone(parent) or time.monotonic() > deadline):
+                        # Its children keep the lock it held through their inherited copies: no one
+                        # can take the file over, so there is no handover to wait for once it is gone.
+                        raise refusals.parent_gone(
+                            self._resolved, parent, gone(parent), HANDOVER_SECONDS
+                        ) from None
+                    holder = locked.holder if locked is not None else None
+                    opener = holder is not None and is_opening(self._resolved, holder.pid)
+                    if opener:
+                        # A big file takes seconds to open (its audit reads every row): the holder
+                        # is on its way to serving it, so wait for it rather than a fixed time.
+                        deadline = max(deadline, min(time.monotonic() + HANDOVER_SECONDS, patience))
+                    if time.monotonic() > deadline:
+                        waited = OPENING_SECONDS if opener else HANDOVER_SECONDS
+                        raise refusals.never_served(locked, waited, opening=opener) from None
+                    time.sleep(0.02)
+                    continue
+                self._agree(self._remote)
+                self._owner_pid = self._remote.owner.pid
                 self._opening = self._resolved
                 return
-            if is_exclusive(self._resolved):
-                raise refusals.kept_to_itself(locked)
-            try:
-                self._remote = RemoteOwner(
-                    socket_path(self._resolved), bytes(self._authkey.value), self._hello(), self._resolved
-                )
-            except OwnerGone:
-                if parent is not None and (gone(parent) or time.monotonic() > deadline):
-                    # Its children keep the lock it held through their inherited copies: no one
-                    # can take the file over, so there is no handover to wait for once it is gone.
-                    raise refusals.parent_gone(
-                        self._resolved, parent, gone(parent), HANDOVER_SECONDS
-                    ) from None
-                holder = locked.holder if locked is not None else None
-                opener = holder is not None and is_opening(self._resolved, holder.pid)
-                if opener:
-                    # A big file takes seconds to open (its audit reads every row): the holder
-                    # is on its way to serving it, so wait for it rather than a fixed time.
-                    deadline = max(deadline, min(time.monotonic() + HANDOVER_SECONDS, patience))
-                if time.monotonic() > deadline:
-                    waited = OPENING_SECONDS if opener else HANDOVER_SECONDS
-                    raise refusals.never_served(locked, waited, opening=opener) from None
-                time.sleep(0.02)
-                continue
-            self._agree(self._remote)
-            self._owner_pid = self._remote.owner.pid
-            self._opening = self._resolved
-            return
 
     def _hello(self) -> ClientHello:
         program = shorten_command(list(getattr(sys, "orig_argv", sys.argv)) or ["python"])
