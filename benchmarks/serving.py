@@ -259,6 +259,22 @@ def serve_and_drive(backend: str, workers: int, args: argparse.Namespace, direct
     port = _free_port()
     env = _env(BENCH_BACKEND=backend, BENCH_SQLITE_PATH=str(run / "agent.sqlite"))
     env.update(CITADEL_PATH=str(run / "agent.cdl"), CITADEL_KEY=KEY, CITADEL_ARGON2_PROFILE="iot")
+    sidecar = None
+    if backend == "sidecar":
+        # `python -m citadeldb_openai_agents serve` owns the file: every worker is its client.
+        sidecar = subprocess.Popen(
+            [sys.executable, "-m", "citadeldb_openai_agents", "serve"],
+            cwd=run,
+            env={**env, "BENCH_BACKEND": "citadel"},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        assert sidecar.stdout is not None
+        if not sidecar.stdout.readline().startswith(b"serving"):
+            raise RuntimeError("the serve command did not start")
+        env["BENCH_BACKEND"] = "citadel"
     server = [sys.executable, "-m", "uvicorn", "--workers", str(workers), "--host", "127.0.0.1"]
     options = ["--port", str(port), "--app-dir", str(HERE), "--no-access-log", "--log-level", "warning"]
     process = subprocess.Popen(
@@ -268,21 +284,25 @@ def serve_and_drive(backend: str, workers: int, args: argparse.Namespace, direct
         stdin=subprocess.DEVNULL,
         start_new_session=True,
     )
+    groups = [process.pid] + ([sidecar.pid] if sidecar is not None else [])
     try:
         _wait_until_up(port, process)
         drive(port, args.clients, 2 * args.clients)  # warm-up: every worker started, sessions opened
-        before = _cpu_seconds(process.pid)
+        before = {pid: cpu for group in groups for pid, cpu in _cpu_seconds(group).items()}
         seconds, latencies = drive(port, args.clients, args.requests)
-        after = _cpu_seconds(process.pid)
+        after = {pid: cpu for group in groups for pid, cpu in _cpu_seconds(group).items()}
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
+        for group in groups:
+            os.killpg(group, signal.SIGTERM)
         process.wait(60)
+        if sidecar is not None:
+            sidecar.wait(60)
     p50, p95 = _summary(latencies)
-    label = "citadel" if backend == "citadel" else "SQLiteSession"
+    label = {"citadel": "citadel", "sidecar": "citadel, `serve` sidecar", "sqlite": "SQLiteSession"}[backend]
     # Each worker's CPU per request served by the whole server, busiest first: under Citadel
-    # the busiest is the owner, which runs every session call.
+    # the busiest is the owner, which runs every session call (with a sidecar, the sidecar).
     cpu = sorted(((after[pid] - before.get(pid, 0.0)) * 1000 / len(latencies) for pid in after), reverse=True)
-    shares = ", ".join(f"{ms:.1f}" for ms in cpu[:workers]) if cpu else "-"
+    shares = ", ".join(f"{ms:.1f}" for ms in cpu[: len(groups) - 1 + workers]) if cpu else "-"
     return (
         f"| {label} | {workers} | {len(latencies) / seconds:.1f} | {p50:.1f} ms | {p95:.1f} ms "
         f"| {sum(cpu):.1f} ms | {shares} |"
@@ -310,8 +330,9 @@ def throughput(args: argparse.Namespace, directory: Path) -> list[str]:
         "| backend | workers | requests/s | p50 | p95 | CPU/request | per worker (busiest first) |",
         "|---|---|---|---|---|---|---|",
     ]
+    backends = ("citadel", "sidecar", "sqlite") if args.sidecar else ("citadel", "sqlite")
     for workers in args.workers:
-        for backend in ("citadel", "sqlite"):
+        for backend in backends:
             rows.append(serve_and_drive(backend, workers, args, directory))
             print(f"measured: {backend}, {workers} worker(s)", file=sys.stderr, flush=True)
     return rows
@@ -394,6 +415,11 @@ def main() -> None:
     parser.add_argument("--handover-reps", type=int, default=5, help="owners killed")
     parser.add_argument(
         "--only", choices=["latency", "throughput", "handover"], nargs="+", help="these measurements alone"
+    )
+    parser.add_argument(
+        "--sidecar",
+        action="store_true",
+        help="also with the `serve` command owning the file, every worker a client",
     )
     parser.add_argument("--workdir", help="where the files go (default: a temporary directory)")
     parser.add_argument("--time-calls", help=argparse.SUPPRESS)  # the client's side of the latency

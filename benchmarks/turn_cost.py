@@ -2,6 +2,7 @@
 
     python benchmarks/turn_cost.py                 # 40 sessions of 30 items, 5 turns each: ~15 s
     python benchmarks/turn_cost.py --warm 100      # the same in a bigger file
+    python benchmarks/turn_cost.py --ceiling       # and the turns/s the file takes from 1-8 threads
 
 The SDK's `Runner` reads the whole session at the start of a turn and appends the
 user's input and the answer; under many processes the owner does this for every
@@ -21,6 +22,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -58,11 +60,41 @@ def timed_turns(store: CitadelSessionStore, ids: list[str], turns: range) -> tup
     return (time.perf_counter() - wall) * 1000 / count, (time.process_time() - cpu) * 1000 / count
 
 
+def ceiling(store: CitadelSessionStore, ids: list[str], threads: int, turns: int, *, reads: bool) -> float:
+    """Turns per second of `threads` threads of this process, each on its share of the sessions.
+
+    One file's ceiling: the turns it takes whoever sends them, since every process's calls
+    run in its owner. Each turn appends two items, with the SDK's full read first if `reads`.
+    """
+    shares = [ids[number::threads] for number in range(threads)]
+
+    def work(mine: list[str]) -> None:
+        for turn in range(turns):
+            session_id = mine[turn % len(mine)]
+            if reads:
+                store._get_items(session_id, None)
+            store._add_items(session_id, user(turn))
+            store._add_items(session_id, answer(turn))
+
+    workers = [threading.Thread(target=work, args=(mine,)) for mine in shares]
+    start = time.perf_counter()
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return threads * turns / (time.perf_counter() - start)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=40)
     parser.add_argument("--warm", type=int, default=15, help="turns stored in each session first")
     parser.add_argument("--turns", type=int, default=5, help="timed turns per session")
+    parser.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="also the file's turns/s with 1, 2, 4 and 8 threads in the owner",
+    )
     parser.add_argument("--client", help=argparse.SUPPRESS)  # the file, opened as a client of its owner
     args = parser.parse_args()
     ids = [f"user-{number:02d}" for number in range(args.sessions)]
@@ -91,11 +123,20 @@ def main() -> None:
             )
             served = (time.process_time() - cpu) * 1000 / (args.sessions * args.turns)
             client_wall, client_cpu = json.loads(child.stdout)
+            rows, ceiling_items = [], 0
+            if args.ceiling:
+                per_thread = args.sessions * args.turns
+                for threads in (1, 2, 4, 8):
+                    appends = ceiling(store, ids, threads, per_thread // threads, reads=False)
+                    turns = ceiling(store, ids, threads, per_thread // threads, reads=True)
+                    rows.append(f"| {threads} | {appends:.0f} | {turns:.0f} |")
+                    ceiling_items += 4 * threads * (per_thread // threads)
         finally:
             store.close()
-    items = args.sessions * (args.warm + 2 * args.turns) * 2  # a user message and an answer per turn
+    items = args.sessions * (args.warm + 2 * args.turns) * 2 + ceiling_items  # 2 items a turn
     print(
-        f"`python benchmarks/turn_cost.py --sessions {args.sessions} --warm {args.warm} --turns {args.turns}`"
+        f"`python benchmarks/turn_cost.py --sessions {args.sessions} --warm {args.warm} --turns {args.turns}"
+        + (" --ceiling`" if args.ceiling else "`")
     )
     print(
         f"({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; {items:,} items in the file at the end)\n"
@@ -105,6 +146,10 @@ def main() -> None:
     )
     print(f"| in the owner | {owner[0]:.2f} ms | {owner[1]:.2f} ms | (the same) |")
     print(f"| in a client | {client_wall:.2f} ms | {client_cpu:.2f} ms | {served:.2f} ms |")
+    if rows:
+        print("\nThe file's ceiling, threads of the owner each on its share of the sessions (turns/s):\n")
+        print("| threads | 2 appends a turn | full read + 2 appends |\n|---:|---:|---:|")
+        print("\n".join(rows))
 
 
 if __name__ == "__main__":
