@@ -63,15 +63,24 @@ def all_items(
 ) -> list[str]:
     """The payloads of every live item, oldest first; `progress` after each segment."""
     read: dict[int, list[int]] = {}
+    fetched: dict[int, tuple[tuple[int, int], list[tuple[int, str]]]] = {}
     payloads: list[str] = []
     for done, number in enumerate(state.segments, 1):
-        hits = layout.live_hits(memory, state, number)
-        read[number] = [hit.id for hit in hits]
-        payloads.extend(hit.payload for hit in hits)
+        cached = layout.completeness.cached(state, number)
+        if cached is not None:
+            payloads.extend(cached)
+        else:
+            writes = layout.completeness.count(state, number)
+            hits = layout.live_hits(memory, state, number)
+            read[number] = [hit.id for hit in hits]
+            fetched[number] = (writes, [(hit.id, hit.payload) for hit in hits])
+            payloads.extend(hit.payload for hit in hits)
         if progress is not None:
             progress(done, len(state.segments))
     if read:
         layout.completeness.check(state, read)
+        for number, (writes, found) in fetched.items():
+            layout.completeness.remember(state, number, found, writes)
     return payloads
 
 

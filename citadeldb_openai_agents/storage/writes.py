@@ -99,7 +99,7 @@ def append(
         state.tail_ids.extend(ids)
     if kept is not None:
         kept.update(dict.fromkeys(ids, expires_at))
-        layout.completeness.keep(state, number, kept)
+        layout.completeness.keep(state, number, kept, dict(zip(ids, payloads, strict=True)))
     state.tail_stored += len(ids)
     state.last_question = question
 
