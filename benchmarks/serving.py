@@ -19,7 +19,10 @@ Three measurements, each on a file of its own:
   --workers, once on a Citadel file and once on `agents.SQLiteSession`; --clients
   threads send --requests turns (after a warm-up of two per client) to 40 sessions.
   Requests per second, p50 and p95 of a request, and the CPU time each server process
-  spent per request (Linux /proc): under Citadel the busiest is the owner.
+  spent per request (Linux /proc): under Citadel the busiest is the owner. With
+  --sidecar, a third server: the ``serve`` command owns the file and every worker is
+  its client. The last column is this process's CPU per request, sending the load: on
+  a small machine it shares the cores with the servers.
 * Handover. Another process owns a file (the default argon2 profile, so the KDF is
   paid as in production); this one is its client. The owner is SIGKILLed; the time
   runs from the kill to this process's next successful ``add_items``, the takeover
@@ -289,7 +292,9 @@ def serve_and_drive(backend: str, workers: int, args: argparse.Namespace, direct
         _wait_until_up(port, process)
         drive(port, args.clients, 2 * args.clients)  # warm-up: every worker started, sessions opened
         before = {pid: cpu for group in groups for pid, cpu in _cpu_seconds(group).items()}
+        driving = time.process_time()
         seconds, latencies = drive(port, args.clients, args.requests)
+        driving = time.process_time() - driving  # this process's, sending the requests
         after = {pid: cpu for group in groups for pid, cpu in _cpu_seconds(group).items()}
     finally:
         for group in groups:
@@ -305,7 +310,7 @@ def serve_and_drive(backend: str, workers: int, args: argparse.Namespace, direct
     shares = ", ".join(f"{ms:.1f}" for ms in cpu[: len(groups) - 1 + workers]) if cpu else "-"
     return (
         f"| {label} | {workers} | {len(latencies) / seconds:.1f} | {p50:.1f} ms | {p95:.1f} ms "
-        f"| {sum(cpu):.1f} ms | {shares} |"
+        f"| {sum(cpu):.1f} ms | {shares} | {driving * 1000 / len(latencies):.1f} ms |"
     )
 
 
@@ -327,8 +332,8 @@ def _cpu_seconds(group: int) -> dict[int, float]:
 
 def throughput(args: argparse.Namespace, directory: Path) -> list[str]:
     rows = [
-        "| backend | workers | requests/s | p50 | p95 | CPU/request | per worker (busiest first) |",
-        "|---|---|---|---|---|---|---|",
+        "| backend | workers | requests/s | p50 | p95 | CPU/request | per worker (busiest first) | the load's CPU |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     backends = ("citadel", "sidecar", "sqlite") if args.sidecar else ("citadel", "sqlite")
     for workers in args.workers:
