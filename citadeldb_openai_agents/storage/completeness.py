@@ -199,10 +199,14 @@ class CompletenessCheck:
             _, previous = self._held.pop(key, (None, 0))
             self._held[key] = (weakref.ref(kept), size)
             self._held_size += size - previous
-            while self._held_size > self.payload_budget and self._held:
-                _, (ref, dropped) = self._held.popitem(last=False)
-                self._held_size -= dropped
+            while self._held:
+                ref, dropped = next(iter(self._held.values()))
                 oldest = ref()
+                # Over budget, or rows already gone with their segment (an erased session's).
+                if oldest is not None and self._held_size <= self.payload_budget:
+                    break
+                self._held.popitem(last=False)
+                self._held_size -= dropped
                 if oldest is not None:
                     oldest.payloads = None
 
