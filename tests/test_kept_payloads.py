@@ -92,6 +92,21 @@ async def test_an_expired_item_is_not_answered_from_memory(
     assert await session.get_items() == items("s", 1, start=3)
 
 
+async def test_a_store_with_a_ttl_keeps_its_payloads_across_appends(
+    make_store: Callable[..., CitadelSessionStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every append of a store with a TTL first evicts what has expired; one that evicts
+    # nothing changes nothing, so it must not send the next read to the file.
+    store = make_store(ttl=3600)
+    session = store.session("s")
+    await session.add_items(items("s", 3))
+    assert await session.get_items() == items("s", 3)
+    fetched = count_file_reads(store, monkeypatch)
+    await session.add_items(items("s", 2, start=3))
+    assert await session.get_items() == items("s", 5)
+    assert fetched == [], "a read after an append that evicted nothing went to the file"
+
+
 async def test_a_kept_segment_missing_a_payload_is_read_from_the_file(
     make_store: Callable[..., CitadelSessionStore],
 ) -> None:

@@ -66,12 +66,18 @@ class MemoryHandle:
 
     def _write(self, name: str, *args: Any, **kwargs: Any) -> Any:
         region = args[0] if args and isinstance(args[0], str) else None
+        changed = True
         try:
             if self._memory is None:
                 raise SessionClosedError(f"{self._path} is closed")
-            return getattr(self._memory, name)(*args, **kwargs)
+            result = getattr(self._memory, name)(*args, **kwargs)
+            # An eviction that removed nothing changed nothing: a store with a TTL evicts
+            # before every append, and counting those would send every read to the file.
+            changed = not (name == "evict" and result == 0)
+            return result
         finally:  # counted even when it failed: it may have written part of what it was asked
-            self.writes[region] = self.writes.get(region, 0) + 1
+            if changed:
+                self.writes[region] = self.writes.get(region, 0) + 1
 
     def release(self) -> None:
         self._memory = None
