@@ -17,6 +17,7 @@ Argon2Profile = Literal["iot", "desktop", "server"]
 SyncMode = Literal["full", "normal", "off"]
 ARGON2_PROFILES: tuple[str, ...] = get_args(Argon2Profile)
 SYNC_MODES: tuple[str, ...] = get_args(SyncMode)
+DEFAULT_SYNC_MODE: SyncMode = "full"  # Citadel's own
 
 # Citadel's own default (under 1,000 pages of ~8 KiB) does not hold a 1,000-item session's
 # segments, and recall then re-reads and re-decrypts pages on every search
@@ -76,7 +77,11 @@ def check_argon2_profile(profile: Any) -> Argon2Profile | None:
 
 
 def check_sync_mode(mode: Any) -> SyncMode | None:
-    """The durability for a new file, or None for Citadel's default ("full")."""
+    """The durability of the writes made while this process owns the file, or None for "full".
+
+    Citadel applies it at every open, not once per file: a file created with "off" and
+    opened again without it is written with "full".
+    """
     if mode is not None and mode not in SYNC_MODES:
         raise ValueError(f"sync_mode must be one of {', '.join(SYNC_MODES)}, not {mode!r}")
     return mode  # type: ignore[no-any-return]

@@ -20,8 +20,9 @@ from .embedders.providers import resolve_embedder
 from .errors import SessionClosedError, SessionNotFoundError
 from .migration.move import move_sessions
 from .migration.plan import IMPORT_MODES, ImportMode, import_chunks
-from .options import Argon2Profile, SyncMode, check_passphrase, check_ttl
+from .options import DEFAULT_SYNC_MODE, Argon2Profile, SyncMode, check_passphrase, check_sync_mode, check_ttl
 from .results import Erasure, HistoryHit, IntegrityReport, MoveSummary, Progress, SessionSummary
+from .serving.protocol import Terms
 from .serving.shared import SharedFile
 from .storage.codec import decode_item, decode_items, encode_batch, search_text
 from .storage.local import database_options
@@ -53,8 +54,12 @@ class CitadelSessionStore:
         session_settings: Default `SessionSettings` for sessions minted here.
         argon2_profile: Citadel's key-derivation cost for a *new* file ("iot",
             "desktop", "server"); an existing file keeps the profile it was made with.
-        sync_mode: Citadel's durability for a new file: "full" (default, each write
-            fsynced), "normal", or "off" (fast, loses recent writes on power loss).
+        sync_mode: Citadel's durability for the writes made while this process owns
+            the file: "full" (default: each commit flushes the key file and, twice, the
+            file's pages), "normal" (the pages once), or "off" (the key file only: a
+            killed process still loses nothing, a power cut or a kernel crash may lose
+            recent writes). Citadel applies it at every open, not once per file, so
+            every process on one file needs the same mode.
         cache_size: Citadel's page cache, in pages of ~8 KiB, for this process; default
             `DEFAULT_CACHE_PAGES` (16,384: at most ~128 MiB, filled only as pages are
             read). Search is fast only while the cache holds the file (a 1,000-item
@@ -102,7 +107,7 @@ class CitadelSessionStore:
                 embedder=resolved_embedder,
                 options=options,
                 create=create,
-                ttl=self._ttl,
+                terms=Terms(self._ttl, check_sync_mode(sync_mode) or DEFAULT_SYNC_MODE),
                 serve=serve,
             )
         finally:

@@ -40,7 +40,7 @@ from citadeldb_openai_agents import (
 )
 from citadeldb_openai_agents.serving import shared
 from citadeldb_openai_agents.serving.address import derive_authkey, socket_path
-from citadeldb_openai_agents.serving.protocol import VERSION, ClientHello
+from citadeldb_openai_agents.serving.protocol import VERSION, ClientHello, Terms
 from citadeldb_openai_agents.storage.lockholder import find_lock_holder
 
 from conftest import KEY
@@ -258,6 +258,13 @@ def test_settings_fixed_per_file_must_agree_with_the_owners(service: Service, db
         CitadelSessionStore(db_path, KEY, embedder=citadeldb.MockEmbedder(dim=64))
     assert "embedder: this process has 'mock-fnv1a-bow-v1' (dim 64, cosine)" in str(caught.value)
     assert "(dim 128, cosine)" in str(caught.value)
+    # Citadel applies the sync mode at every open: the owner's would silently apply instead.
+    with pytest.raises(ConfigurationError) as caught:
+        CitadelSessionStore(db_path, KEY, sync_mode="off")
+    assert "sync_mode: this process has 'off', the owner has 'full'" in str(caught.value)
+    # Unset is Citadel's default, "full": it agrees with an owner that left it unset too.
+    with CitadelSessionStore(db_path, KEY, sync_mode="full") as store:
+        assert store.served_by == service.pid
 
 
 def test_an_owner_that_does_not_serve_refuses_others_at_once(db_path: Path) -> None:
@@ -360,7 +367,9 @@ def _authenticated_peer(db_path: Path) -> Connection:
     """A peer that knows the passphrase and says hello, as a client of this package does."""
     path = str(db_path.resolve())
     connection = Client(socket_path(path), family="AF_UNIX", authkey=derive_authkey(KEY, path))
-    connection.send(("hello", VERSION, ClientHello(os.getpid(), "test", None, ("any", 1, "cosine"))))
+    connection.send(
+        ("hello", VERSION, ClientHello(os.getpid(), "test", Terms(None, "full"), ("any", 1, "cosine")))
+    )
     assert connection.recv()[0] == "welcome"
     return connection
 

@@ -129,9 +129,11 @@ class CitadelSettings(BaseSettings):
         description="the key-derivation cost for a new file: iot, desktop or server "
         "(an existing file keeps its own)",
     )
-    # Durability against throughput: some deployments (caches, CI) do not need fsync per write.
+    # Durability against throughput: a file's commits are its ceiling (docs/deployment.md).
     sync_mode: Literal["full", "normal", "off"] | None = Field(
-        None, description="durability for a new file: full (each write fsynced), normal or off"
+        None,
+        description="durability of each commit while this process owns the file: full (default), "
+        "normal or off; the same in every process on one file",
     )
     # Memory against speed: search and reads in large files are page-cache bound.
     cache_size: PositiveInt | None = Field(

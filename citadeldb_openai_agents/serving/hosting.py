@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from ..storage.local import LocalFile
 from ..storage.process import current_pid, gone
 from .address import exclusive_marker, opening_marker, socket_path
+from .protocol import Terms
 from .server import Server
 
 _served: dict[str, tuple[Server, int]] = {}  # resolved path -> (server, stores using it)
@@ -64,11 +65,11 @@ def is_exclusive(path: str) -> bool:
     return os.path.exists(exclusive_marker(path))
 
 
-def start_serving(path: str, local: LocalFile, authkey: bytes, ttl: float | None) -> None:
+def start_serving(path: str, local: LocalFile, authkey: bytes, terms: Terms) -> None:
     with _lock:
         server, users = _served.get(path, (None, 0))
         if server is None:
-            server = Server(local, socket_path(path), authkey, ttl=ttl)
+            server = Server(local, socket_path(path), authkey, terms=terms)
         _served[path] = (server, users + 1)
 
 
@@ -84,14 +85,14 @@ def stop_serving(path: str) -> None:
     server.close()
 
 
-def restart_serving(path: str, local: LocalFile, authkey: bytes, ttl: float | None) -> None:
+def restart_serving(path: str, local: LocalFile, authkey: bytes, terms: Terms) -> None:
     """Serve again under a new key (after a passphrase change)."""
     with _lock:
         if path not in _served:
             return
         server, users = _served[path]
         server.close()
-        _served[path] = (Server(local, socket_path(path), authkey, ttl=ttl), users)
+        _served[path] = (Server(local, socket_path(path), authkey, terms=terms), users)
 
 
 def serves(path: str) -> bool:

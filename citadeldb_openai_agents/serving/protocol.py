@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from ..embedders.protocol import EmbedderIdentity
 from ..errors import StorageError
 
-VERSION = 3  # 2: pop and clear in one round trip, with a note; 3: progress on request
+VERSION = 4  # 2: pop and clear in one round trip, with a note; 3: progress on request; 4: sync mode
 
 
 def wire_identity(embedder: EmbedderIdentity) -> tuple[str, int, str]:
@@ -32,12 +32,25 @@ def wire_identity(embedder: EmbedderIdentity) -> tuple[str, int, str]:
 
 
 @dataclass(frozen=True)
+class Terms:
+    """A store's settings that every process on one file must share, besides its embedder.
+
+    The owner's apply to every call it serves: the TTL of what it writes, and the sync
+    mode, which Citadel applies at each open (not once per file), so a client's would
+    otherwise be silently replaced by the owner's, and by the next owner's after a handover.
+    """
+
+    ttl: float | None
+    sync_mode: str
+
+
+@dataclass(frozen=True)
 class ClientHello:
     """Who is asking, and the settings fixed per file that must agree with the owner's."""
 
     pid: int
     program: str
-    ttl: float | None
+    terms: Terms
     identity: tuple[str, int, str]  # the embedder: model id, dimension, metric
 
 
@@ -47,7 +60,7 @@ class OwnerHello:
 
     pid: int
     path: str
-    ttl: float | None
+    terms: Terms
     identity: tuple[str, int, str]
 
 
@@ -85,11 +98,17 @@ REPORTING = ("verify", "purge_expired", "summaries", "backup", "all_items")
 def disagreements(owner: OwnerHello, mine: ClientHello) -> list[str]:
     """The settings fixed per file on which a client differs from its owner, each with both values."""
     problems = []
-    if owner.ttl != mine.ttl:
-        problems.append(f"ttl: this process has {_ttl(mine.ttl)}, the owner has {_ttl(owner.ttl)}")
+    if owner.terms.ttl != mine.terms.ttl:
+        problems.append(
+            f"ttl: this process has {_ttl(mine.terms.ttl)}, the owner has {_ttl(owner.terms.ttl)}"
+        )
     if tuple(owner.identity) != tuple(mine.identity):
         problems.append(
             f"embedder: this process has {_identity(mine.identity)}, the owner has {_identity(owner.identity)}"
+        )
+    if owner.terms.sync_mode != mine.terms.sync_mode:
+        problems.append(
+            f"sync_mode: this process has {mine.terms.sync_mode!r}, the owner has {owner.terms.sync_mode!r}"
         )
     return problems
 

@@ -26,7 +26,17 @@ from ..errors import CitadelSessionError
 from ..storage.local import LocalFile
 from ..storage.process import current_pid
 from .address import remove_stale_sockets
-from .protocol import NOTING, OPERATIONS, REPORTING, VERSION, ClientHello, OwnerHello, portable, wire_identity
+from .protocol import (
+    NOTING,
+    OPERATIONS,
+    REPORTING,
+    VERSION,
+    ClientHello,
+    OwnerHello,
+    Terms,
+    portable,
+    wire_identity,
+)
 
 log = logging.getLogger("citadeldb_openai_agents")
 
@@ -44,12 +54,12 @@ class Server:
         address: str,
         authkey: bytes,
         *,
-        ttl: float | None,
+        terms: Terms,
     ) -> None:
         self._file = file
         self.address = address
         self._authkey = authkey
-        self._ttl = ttl
+        self._terms = terms
         self._owner_pid = current_pid()
         self._closed = threading.Event()
         self._clients: set[socket.socket] = set()
@@ -190,7 +200,7 @@ class Server:
                 OwnerHello(
                     current_pid(),
                     self._file.path,
-                    self._ttl,
+                    self._terms,
                     wire_identity(identity),
                 ),
             )

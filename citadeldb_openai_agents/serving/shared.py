@@ -52,7 +52,7 @@ from .hosting import (
     start_serving,
     stop_serving,
 )
-from .protocol import OPERATIONS, ClientHello, disagreements, wire_identity
+from .protocol import OPERATIONS, ClientHello, Terms, disagreements, wire_identity
 
 if TYPE_CHECKING:
     import citadeldb
@@ -76,7 +76,7 @@ class SharedFile:
         embedder: Embedder,
         options: citadeldb.DatabaseOptions,
         create: bool,
-        ttl: float | None,
+        terms: Terms,
         serve: bool,
     ) -> None:
         self._secret = Secret(key.encode("utf-8", "surrogatepass"))
@@ -91,7 +91,7 @@ class SharedFile:
         self._embedder = embedder
         self._options = options
         self._create = create
-        self._ttl = ttl
+        self._terms = terms
         self._serve = serve
         self._lock = threading.Lock()
         self._released = False
@@ -268,7 +268,7 @@ class SharedFile:
             local.rotate_key(*keys)
             self._secret.replace(keys[1].encode("utf-8", "surrogatepass"))
             self._authkey.replace(derive_authkey(keys[1], self._resolved) if self._serve else b"")
-            restart_serving(self._resolved, local, bytes(self._authkey.value), self._ttl)
+            restart_serving(self._resolved, local, bytes(self._authkey.value), self._terms)
         finally:
             keys.clear()
 
@@ -363,7 +363,7 @@ class SharedFile:
                 else:
                     try:
                         if self._serve:
-                            start_serving(self._resolved, local, bytes(self._authkey.value), self._ttl)
+                            start_serving(self._resolved, local, bytes(self._authkey.value), self._terms)
                         else:
                             mark_exclusive(self._resolved, True)
                     except BaseException:
@@ -404,7 +404,7 @@ class SharedFile:
     def _hello(self) -> ClientHello:
         program = shorten_command(list(getattr(sys, "orig_argv", sys.argv)) or ["python"])
         return ClientHello(
-            current_pid(), program, self._ttl, wire_identity(EmbedderIdentity.of(self._embedder))
+            current_pid(), program, self._terms, wire_identity(EmbedderIdentity.of(self._embedder))
         )
 
     def _agree(self, remote: RemoteOwner) -> None:

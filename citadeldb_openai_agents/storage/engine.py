@@ -64,7 +64,7 @@ FORK_ADVICE = (
 def database_options(
     argon2_profile: Argon2Profile | None, sync_mode: SyncMode | None, cache_size: int | None
 ) -> citadeldb.DatabaseOptions:
-    """Citadel's options for opening (the profile and sync mode apply to a new file only)."""
+    """Citadel's options for opening (the profile applies to a new file only, the sync mode to this open)."""
     return citadeldb.DatabaseOptions(
         argon2_profile=check_argon2_profile(argon2_profile),
         sync_mode=check_sync_mode(sync_mode),
