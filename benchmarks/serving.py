@@ -22,7 +22,11 @@ Three measurements, each on a file of its own:
   spent per request (Linux /proc): under Citadel the busiest is the owner. With
   --sidecar, a third server: the ``serve`` command owns the file and every worker is
   its client. The last column is this process's CPU per request, sending the load: on
-  a small machine it shares the cores with the servers.
+  a small machine it shares the cores with the servers. --sync-mode creates the Citadel
+  files with that durability (Citadel's default is "full"). With --commit-stats, the
+  owner times every Citadel commit it runs during the timed requests (serving_app.py):
+  how many a second, how long each takes, of which on a CPU and waiting for one, and
+  how many are under way at once on average (their total time over the window's).
 * Handover. Another process owns a file (the default argon2 profile, so the KDF is
   paid as in production); this one is its client. The owner is SIGKILLed; the time
   runs from the kill to this process's next successful ``add_items``, the takeover
@@ -262,6 +266,11 @@ def serve_and_drive(backend: str, workers: int, args: argparse.Namespace, direct
     port = _free_port()
     env = _env(BENCH_BACKEND=backend, BENCH_SQLITE_PATH=str(run / "agent.sqlite"))
     env.update(CITADEL_PATH=str(run / "agent.cdl"), CITADEL_KEY=KEY, CITADEL_ARGON2_PROFILE="iot")
+    if args.sync_mode:
+        env["CITADEL_SYNC_MODE"] = args.sync_mode
+    if args.commit_stats:
+        (run / "commits").mkdir()
+        env["BENCH_COMMIT_STATS"] = str(run / "commits")
     sidecar = None
     if backend == "sidecar":
         # `python -m citadeldb_openai_agents serve` owns the file: every worker is its client.
@@ -293,7 +302,9 @@ def serve_and_drive(backend: str, workers: int, args: argparse.Namespace, direct
         drive(port, args.clients, 2 * args.clients)  # warm-up: every worker started, sessions opened
         before = {pid: cpu for group in groups for pid, cpu in _cpu_seconds(group).items()}
         driving = time.process_time()
+        window = time.monotonic()
         seconds, latencies = drive(port, args.clients, args.requests)
+        window_end = time.monotonic()
         driving = time.process_time() - driving  # this process's, sending the requests
         after = {pid: cpu for group in groups for pid, cpu in _cpu_seconds(group).items()}
     finally:
@@ -304,6 +315,8 @@ def serve_and_drive(backend: str, workers: int, args: argparse.Namespace, direct
             sidecar.wait(60)
     p50, p95 = _summary(latencies)
     label = {"citadel": "citadel", "sidecar": "citadel, `serve` sidecar", "sqlite": "SQLiteSession"}[backend]
+    if args.commit_stats and backend == "citadel":
+        commit_rows.append(_commit_row(label, workers, run / "commits", window, window_end))
     # Each worker's CPU per request served by the whole server, busiest first: under Citadel
     # the busiest is the owner, which runs every session call (with a sidecar, the sidecar).
     cpu = sorted(((after[pid] - before.get(pid, 0.0)) * 1000 / len(latencies) for pid in after), reverse=True)
@@ -311,6 +324,25 @@ def serve_and_drive(backend: str, workers: int, args: argparse.Namespace, direct
     return (
         f"| {label} | {workers} | {len(latencies) / seconds:.1f} | {p50:.1f} ms | {p95:.1f} ms "
         f"| {sum(cpu):.1f} ms | {shares} | {driving * 1000 / len(latencies):.1f} ms |"
+    )
+
+
+commit_rows: list[str] = []  # --commit-stats: one row per Citadel server, printed after the throughput
+
+
+def _commit_row(label: str, workers: int, directory: Path, start: float, end: float) -> str:
+    """The owner's commits during the timed requests: the worker that ran the most is the owner."""
+    runs = [json.loads(path.read_text()) for path in directory.glob("*.json")]
+    commits = [c for c in max(runs, key=len, default=[]) if start <= c[0] <= end]
+    if not commits:
+        return f"| {label} | {workers} | no commit timed | | | | | |"
+    seconds = end - start
+    walls = [c[1] for c in commits]
+    on_cpu = statistics.mean(c[2] for c in commits)
+    waiting = statistics.mean(c[3] for c in commits)
+    return (
+        f"| {label} | {workers} | {len(commits) / seconds:.0f} | {statistics.median(walls):.2f} ms | {on_cpu:.2f} ms | {waiting:.2f} ms "
+        f"| {statistics.mean(walls) - on_cpu - waiting:.2f} ms | {sum(walls) / 1000 / seconds:.1f} |"
     )
 
 
@@ -340,6 +372,16 @@ def throughput(args: argparse.Namespace, directory: Path) -> list[str]:
         for backend in backends:
             rows.append(serve_and_drive(backend, workers, args, directory))
             print(f"measured: {backend}, {workers} worker(s)", file=sys.stderr, flush=True)
+    if commit_rows:
+        rows += [
+            "",
+            "The owner's Citadel commits during the timed requests (`remember_batch`; --commit-stats):",
+            "",
+            "| backend | workers | commits/s | a commit, p50 | on a CPU, mean "
+            "| waiting for a CPU, mean | the rest (disk, Citadel's lock), mean | commits under way at once |",
+            "|---|---|---|---|---|---|---|---|",
+            *commit_rows,
+        ]
     return rows
 
 
@@ -425,6 +467,14 @@ def main() -> None:
         "--sidecar",
         action="store_true",
         help="also with the `serve` command owning the file, every worker a client",
+    )
+    parser.add_argument(
+        "--sync-mode",
+        choices=["full", "normal", "off"],
+        help="durability of the throughput's Citadel files (default: full)",
+    )
+    parser.add_argument(
+        "--commit-stats", action="store_true", help="time the owner's Citadel commits under the load"
     )
     parser.add_argument("--workdir", help="where the files go (default: a temporary directory)")
     parser.add_argument("--time-calls", help=argparse.SUPPRESS)  # the client's side of the latency

@@ -3,6 +3,7 @@
     python benchmarks/turn_cost.py                 # 40 sessions of 30 items, 5 turns each: ~15 s
     python benchmarks/turn_cost.py --warm 100      # the same in a bigger file
     python benchmarks/turn_cost.py --ceiling       # and the turns/s the file takes from 1-8 threads
+    python benchmarks/turn_cost.py --ceiling --sync-mode off   # the same with Citadel's lightest commit
 
 The SDK's `Runner` reads the whole session at the start of a turn and appends the
 user's input and the answer; under many processes the owner does this for every
@@ -95,18 +96,21 @@ def main() -> None:
         action="store_true",
         help="also the file's turns/s with 1, 2, 4 and 8 threads in the owner",
     )
+    parser.add_argument(
+        "--sync-mode", choices=["full", "normal", "off"], help="Citadel's durability (default: full)"
+    )
     parser.add_argument("--client", help=argparse.SUPPRESS)  # the file, opened as a client of its owner
     args = parser.parse_args()
     ids = [f"user-{number:02d}" for number in range(args.sessions)]
     if args.client:
-        with CitadelSessionStore(args.client, KEY, argon2_profile="iot") as store:
+        with CitadelSessionStore(args.client, KEY, argon2_profile="iot", sync_mode=args.sync_mode) as store:
             assert store.served_by is not None, "this process owns the file: it was to be a client"
             start = args.warm + args.turns
             print(json.dumps(timed_turns(store, ids, range(start, start + args.turns))))
         return
     with tempfile.TemporaryDirectory() as scratch:
         path = Path(scratch) / "turns.cdl"
-        store = CitadelSessionStore(path, KEY, argon2_profile="iot")
+        store = CitadelSessionStore(path, KEY, argon2_profile="iot", sync_mode=args.sync_mode)
         try:
             for turn in range(args.warm):
                 for session_id in ids:
@@ -136,7 +140,8 @@ def main() -> None:
     items = args.sessions * (args.warm + 2 * args.turns) * 2 + ceiling_items  # 2 items a turn
     print(
         f"`python benchmarks/turn_cost.py --sessions {args.sessions} --warm {args.warm} --turns {args.turns}"
-        + (" --ceiling`" if args.ceiling else "`")
+        + (" --ceiling" if args.ceiling else "")
+        + (f" --sync-mode {args.sync_mode}`" if args.sync_mode else "`")
     )
     print(
         f"({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; {items:,} items in the file at the end)\n"
