@@ -37,9 +37,9 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 _sessions: dict[str, Session] = {}
-_commits: list[
-    tuple[float, float, float, float]
-] = []  # start (monotonic s); wall, on a CPU, waiting for one (ms)
+# One timed commit: its start (monotonic seconds), then its wall, on-CPU and waiting-for-a-CPU ms.
+Commit = tuple[float, float, float, float]
+_commits: list[Commit] = []
 
 
 def _time_commits() -> None:
