@@ -136,8 +136,15 @@ class Writers:
 
     def _send(self, command: str) -> None:
         assert self.process.stdin is not None
-        self.process.stdin.write(command + "\n")
-        self.process.stdin.flush()
+        try:
+            self.process.stdin.write(command + "\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            # The helper itself is gone (it only forks and reaps): say how it ended.
+            raise AssertionError(
+                f"the writers' process ended (exit status {self.process.wait(timeout=10)}) before "
+                f"{command!r}:\n{Path(self._log.name).read_text()}"
+            ) from None
 
     def start_and_wait_for_first_ack(self, run: int) -> list[str]:
         self._send(f"start {run}")
