@@ -22,9 +22,10 @@ Three measurements, each on a file of its own:
   spent per request (Linux /proc): under Citadel the busiest is the owner. With
   --sidecar, a third server: the ``serve`` command owns the file and every worker is
   its client. The last column is this process's CPU per request, sending the load: on
-  a small machine it shares the cores with the servers. --sync-mode creates the Citadel
+  a small machine it shares the cores with the servers. --sync-mode opens the Citadel
   files with that durability (Citadel's default is "full"). With --commit-stats, the
-  owner times every Citadel commit it runs during the timed requests (serving_app.py):
+  owning worker times every Citadel commit it runs during the timed requests
+  (serving_app.py; not with the sidecar, whose owner is the serve command):
   how many a second, how long each takes, of which on a CPU and waiting for one, and
   how many are under way at once on average (their total time over the window's).
 * Handover. Another process owns a file (the default argon2 profile, so the KDF is
@@ -260,7 +261,10 @@ def drive(port: int, clients: int, requests: int) -> tuple[float, list[float]]:
     return time.perf_counter() - start, latencies
 
 
-def serve_and_drive(backend: str, workers: int, args: argparse.Namespace, directory: Path) -> str:
+def serve_and_drive(
+    backend: str, workers: int, args: argparse.Namespace, directory: Path
+) -> tuple[str, str | None]:
+    """The server's throughput row, and with --commit-stats (Citadel, the first worker owning) its owner's commits."""
     run = directory / f"{backend}-{workers}"
     run.mkdir()
     port = _free_port()
@@ -268,7 +272,8 @@ def serve_and_drive(backend: str, workers: int, args: argparse.Namespace, direct
     env.update(CITADEL_PATH=str(run / "agent.cdl"), CITADEL_KEY=KEY, CITADEL_ARGON2_PROFILE="iot")
     if args.sync_mode:
         env["CITADEL_SYNC_MODE"] = args.sync_mode
-    if args.commit_stats:
+    timed_commits = args.commit_stats and backend == "citadel"  # the sidecar's owner is not the app
+    if timed_commits:
         (run / "commits").mkdir()
         env["BENCH_COMMIT_STATS"] = str(run / "commits")
     sidecar = None
@@ -315,33 +320,29 @@ def serve_and_drive(backend: str, workers: int, args: argparse.Namespace, direct
             sidecar.wait(60)
     p50, p95 = _summary(latencies)
     label = {"citadel": "citadel", "sidecar": "citadel, `serve` sidecar", "sqlite": "SQLiteSession"}[backend]
-    if args.commit_stats and backend == "citadel":
-        commit_rows.append(_commit_row(label, workers, run / "commits", window, window_end))
     # Each worker's CPU per request served by the whole server, busiest first: under Citadel
     # the busiest is the owner, which runs every session call (with a sidecar, the sidecar).
     cpu = sorted(((after[pid] - before.get(pid, 0.0)) * 1000 / len(latencies) for pid in after), reverse=True)
     shares = ", ".join(f"{ms:.1f}" for ms in cpu[: len(groups) - 1 + workers]) if cpu else "-"
-    return (
+    row = (
         f"| {label} | {workers} | {len(latencies) / seconds:.1f} | {p50:.1f} ms | {p95:.1f} ms "
         f"| {sum(cpu):.1f} ms | {shares} | {driving * 1000 / len(latencies):.1f} ms |"
     )
+    return row, _commit_row(workers, run / "commits", window, window_end) if timed_commits else None
 
 
-commit_rows: list[str] = []  # --commit-stats: one row per Citadel server, printed after the throughput
-
-
-def _commit_row(label: str, workers: int, directory: Path, start: float, end: float) -> str:
+def _commit_row(workers: int, directory: Path, start: float, end: float) -> str:
     """The owner's commits during the timed requests: the worker that ran the most is the owner."""
     runs = [json.loads(path.read_text()) for path in directory.glob("*.json")]
     commits = [c for c in max(runs, key=len, default=[]) if start <= c[0] <= end]
     if not commits:
-        return f"| {label} | {workers} | no commit timed | | | | | |"
+        return f"| {workers} | no commit timed | | | | |"
     seconds = end - start
     walls = [c[1] for c in commits]
     on_cpu = statistics.mean(c[2] for c in commits)
     waiting = statistics.mean(c[3] for c in commits)
     return (
-        f"| {label} | {workers} | {len(commits) / seconds:.0f} | {statistics.median(walls):.2f} ms | {on_cpu:.2f} ms | {waiting:.2f} ms "
+        f"| {workers} | {len(commits) / seconds:.0f} | {statistics.median(walls):.2f} ms | {on_cpu:.2f} ms | {waiting:.2f} ms "
         f"| {statistics.mean(walls) - on_cpu - waiting:.2f} ms | {sum(walls) / 1000 / seconds:.1f} |"
     )
 
@@ -367,19 +368,23 @@ def throughput(args: argparse.Namespace, directory: Path) -> list[str]:
         "| backend | workers | requests/s | p50 | p95 | CPU/request | per worker (busiest first) | the load's CPU |",
         "|---|---|---|---|---|---|---|---|",
     ]
+    commit_rows = []
     backends = ("citadel", "sidecar", "sqlite") if args.sidecar else ("citadel", "sqlite")
     for workers in args.workers:
         for backend in backends:
-            rows.append(serve_and_drive(backend, workers, args, directory))
+            row, commit_row = serve_and_drive(backend, workers, args, directory)
+            rows.append(row)
+            if commit_row is not None:
+                commit_rows.append(commit_row)
             print(f"measured: {backend}, {workers} worker(s)", file=sys.stderr, flush=True)
     if commit_rows:
         rows += [
             "",
-            "The owner's Citadel commits during the timed requests (`remember_batch`; --commit-stats):",
+            "The owning worker's Citadel commits during the timed requests (`remember_batch`; --commit-stats):",
             "",
-            "| backend | workers | commits/s | a commit, p50 | on a CPU, mean "
-            "| waiting for a CPU, mean | the rest (disk, Citadel's lock), mean | commits under way at once |",
-            "|---|---|---|---|---|---|---|---|",
+            "| workers | commits/s | a commit, p50 | on a CPU, mean | waiting for a CPU, mean "
+            "| the rest (disk, Citadel's lock, the GIL), mean | commits under way at once |",
+            "|---|---|---|---|---|---|---|",
             *commit_rows,
         ]
     return rows

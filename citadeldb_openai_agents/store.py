@@ -20,7 +20,7 @@ from .embedders.providers import resolve_embedder
 from .errors import SessionClosedError, SessionNotFoundError
 from .migration.move import move_sessions
 from .migration.plan import IMPORT_MODES, ImportMode, import_chunks
-from .options import DEFAULT_SYNC_MODE, Argon2Profile, SyncMode, check_passphrase, check_sync_mode, check_ttl
+from .options import DEFAULT_SYNC_MODE, Argon2Profile, SyncMode, check_passphrase, check_ttl
 from .results import Erasure, HistoryHit, IntegrityReport, MoveSummary, Progress, SessionSummary
 from .serving.protocol import Terms
 from .serving.shared import SharedFile
@@ -107,7 +107,7 @@ class CitadelSessionStore:
                 embedder=resolved_embedder,
                 options=options,
                 create=create,
-                terms=Terms(self._ttl, check_sync_mode(sync_mode) or DEFAULT_SYNC_MODE),
+                terms=Terms(self._ttl, sync_mode or DEFAULT_SYNC_MODE),  # checked by database_options
                 serve=serve,
             )
         finally:
