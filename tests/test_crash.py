@@ -9,11 +9,11 @@ integrity check passes. A kill in the middle of a pop or a clear leaves what Cit
 cannot read: the file must still open, with nothing reported as damage.
 
 The default run kills 30 writers; ``python -m pytest -m slow tests/test_crash.py``
-kills 300. Both run again with writers that open the file with ``sync_mode="off"``
-(and the slow one with "normal"), whose commits flush none of the file's pages (only
-its key file): a killed process leaves its writes with the kernel, so what it
-acknowledged survives in every mode; what "full" adds is survival of a power cut or
-a kernel crash, which no test here can make. ``CRASH_SEED=<n>`` replays the kill delays (the seed is in the failure message; where a kill lands also depends on timing).
+kills 300. Both run again with writers that open the file with ``sync_mode="off"``,
+whose commits flush none of the file's pages (only its key file), and the slow one
+with "normal" (the pages once): a killed process leaves its writes with the kernel,
+so what it acknowledged survives in every mode; what "full" adds is survival of a
+power cut or a kernel crash, which no test here can make. ``CRASH_SEED=<n>`` replays the kill delays (the seed is in the failure message; where a kill lands also depends on timing).
 """
 
 from __future__ import annotations
@@ -278,7 +278,7 @@ def run_kills(tmp_path: Path, kills: int) -> None:
 
 
 # Citadel applies the sync mode at each open: the writers open the file with it.
-@pytest.mark.parametrize("sync_mode", ["", "off"])
+@pytest.mark.parametrize("sync_mode", ["", "off"], ids=["default", "off"])
 def test_acknowledged_turns_survive_30_sigkills(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sync_mode: str
 ) -> None:
@@ -287,7 +287,7 @@ def test_acknowledged_turns_survive_30_sigkills(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sync_mode", ["", "normal", "off"])
+@pytest.mark.parametrize("sync_mode", ["", "normal", "off"], ids=["default", "normal", "off"])
 def test_acknowledged_turns_survive_300_sigkills(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sync_mode: str
 ) -> None:
