@@ -396,7 +396,8 @@ async def test_a_replacement_whose_answer_was_lost_is_sent_again_and_made_once(
 ) -> None:
     """The owner made the replacement but its answer never came back: the client sends it again
     to the owner, which finds it made (its batch id) and answers True without making it twice."""
-    from citadeldb_openai_agents.serving.client import OwnerGone, RemoteOwner
+    from citadeldb_openai_agents.serving.client import RemoteOwner
+    from citadeldb_openai_agents.serving.transport import OwnerGone
 
     service = Service(db_path)
     try:
@@ -405,9 +406,9 @@ async def test_a_replacement_whose_answer_was_lost_is_sent_again_and_made_once(
             await session.add_items([{"n": n} for n in range(5)])
             real, sent = RemoteOwner.call, []
 
-            def answer_lost(self: RemoteOwner, operation: str, args: tuple[Any, ...], *rest: Any) -> Any:
+            def answer_lost(self: RemoteOwner, operation: Any, args: tuple[Any, ...], *rest: Any) -> Any:
                 result = real(self, operation, args, *rest)
-                if operation == "replace_suffix":
+                if operation.name == "replace_suffix":
                     sent.append((args[-2], args[-1]))  # (batch id, sent again)
                     if len(sent) == 1:
                         raise OwnerGone("the connection dropped before the answer")

@@ -54,7 +54,7 @@ from typing import Any
 import pytest
 
 from citadeldb_openai_agents import CitadelSessionStore
-from citadeldb_openai_agents.serving.shared import HANDOVER_SECONDS
+from citadeldb_openai_agents.serving.handover import HANDOVER_SECONDS
 from citadeldb_openai_agents.storage.lockholder import find_lock_holder
 
 from conftest import KEY

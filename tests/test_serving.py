@@ -21,7 +21,6 @@ import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
-from multiprocessing.connection import Client, Connection
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +37,13 @@ from citadeldb_openai_agents import (
     StorageError,
     WrongPassphraseError,
 )
-from citadeldb_openai_agents.serving import shared
-from citadeldb_openai_agents.serving.address import derive_authkey, socket_path
-from citadeldb_openai_agents.serving.protocol import VERSION, ClientHello, Terms
+from citadeldb_openai_agents.serving import handover
+from citadeldb_openai_agents.serving.address import socket_path
+from citadeldb_openai_agents.serving.channel import Channel
 from citadeldb_openai_agents.storage.lockholder import find_lock_holder
 
 from conftest import KEY
+from socket_peers import authenticated_peer
 
 # A service: owns the file (it opens it first), then runs what the test sends, one line each:
 # `add <session> <text>`, `count <session>`, `die-<when> <operation>`, `exit`, where <when> is
@@ -327,13 +327,13 @@ def test_a_process_that_finds_the_file_held_by_one_still_opening_it_waits_for_it
     beside it, a client after a handover) waits for it instead of calling it stuck after the
     fixed wait, and gives up with a message that says why once the opener takes too long."""
     CitadelSessionStore(db_path, KEY, argon2_profile="iot").close()
-    monkeypatch.setattr(shared, "HANDOVER_SECONDS", 1.0)
+    monkeypatch.setattr(handover, "HANDOVER_SECONDS", 1.0)
     with slow_opener(db_path, 4.0) as opener:
         started = time.monotonic()
         with CitadelSessionStore(db_path, KEY) as store:
             assert store.served_by == opener.pid
             assert time.monotonic() - started > 1.0  # it waited past the fixed wait
-    monkeypatch.setattr(shared, "OPENING_SECONDS", 2.0)
+    monkeypatch.setattr(handover, "OPENING_SECONDS", 2.0)
     with slow_opener(db_path, 30.0) as opener:
         with pytest.raises(
             DatabaseLockedError, match="has been opening the file for more than 2 s"
@@ -363,21 +363,10 @@ def test_garbage_on_the_socket_does_not_stop_the_owner(service: Service, db_path
     assert log.count("refused a peer") >= 3
 
 
-def _authenticated_peer(db_path: Path) -> Connection:
-    """A peer that knows the passphrase and says hello, as a client of this package does."""
-    path = str(db_path.resolve())
-    connection = Client(socket_path(path), family="AF_UNIX", authkey=derive_authkey(KEY, path))
-    connection.send(
-        ("hello", VERSION, ClientHello(os.getpid(), "test", Terms(None, "full"), ("any", 1, "cosine")))
-    )
-    assert connection.recv()[0] == "welcome"
-    return connection
-
-
-def _replies(connection: Connection) -> list[str]:
-    tags = [connection.recv()[0]]
+def _replies(channel: Channel) -> list[str]:
+    tags = [channel.receive()[0]]
     while tags[-1] not in ("ok", "error"):
-        tags.append(connection.recv()[0])
+        tags.append(channel.receive()[0])
     return tags
 
 
@@ -387,20 +376,20 @@ def test_the_owner_reports_progress_only_to_a_caller_that_asks_for_it(
     # Every full read of a session (the SDK's, each turn) may report progress: a message
     # each way that a caller with no progress callback only throws away.
     assert service.ask("add alice one") == "added"
-    with contextlib.closing(_authenticated_peer(db_path)) as peer:
-        peer.send(("all_items", ("alice",), False))
+    with contextlib.closing(authenticated_peer(db_path, KEY)) as peer:
+        peer.send(["call", "all_items", ["alice"], False])
         assert _replies(peer) == ["ok"]
-        peer.send(("all_items", ("alice",), True))
+        peer.send(["call", "all_items", ["alice"], True])
         assert _replies(peer) == ["progress", "ok"]
 
 
 def test_an_authenticated_peer_that_sends_no_call_is_dropped_and_the_owner_goes_on(
     service: Service, db_path: Path
 ) -> None:
-    with contextlib.closing(_authenticated_peer(db_path)) as peer:
-        peer.send(("all_items", ("alice",)))  # a call as an older version framed it
+    with contextlib.closing(authenticated_peer(db_path, KEY)) as peer:
+        peer.send(["call", "all_items", ["alice"]])  # a call as an older version framed it
         with pytest.raises(EOFError):
-            peer.recv()
+            peer.receive()
     assert service.ask("add alice still serving") == "added"
     with CitadelSessionStore(db_path, KEY) as client:
         assert asyncio.run(client.session("alice").get_items()) == items("still serving")
@@ -471,13 +460,9 @@ def test_sockets_that_killed_owners_left_are_removed_by_the_next_owner(
     bound("1" * 32 + ".sock", listening=False, old=True)  # a killed owner's, long ago
     bound("2" * 32 + ".sock", listening=False, old=False)  # maybe an owner between bind and listen
     live = bound("3" * 32 + ".sock", listening=True, old=True)  # another file's owner, serving
-    # The marks of owners with serve = false: one killed long ago, one alive (this process).
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
     )
-    for name, pid in (("4" * 32, int(dead.stdout)), ("5" * 32, os.getpid())):
-        (directory / f"{name}.exclusive").write_text(str(pid))
-        os.utime(directory / f"{name}.exclusive", (an_hour_ago, an_hour_ago))
     # The marks of processes killed while opening a file, and of one still opening (this one).
     for mark in (f"{'6' * 32}.opening.{int(dead.stdout)}", f"{'7' * 32}.opening.{os.getpid()}"):
         (directory / mark).touch()
@@ -487,7 +472,7 @@ def test_sockets_that_killed_owners_left_are_removed_by_the_next_owner(
             assert store.served_by is None
             own = Path(socket_path(str(db_path.resolve()))).name
             left = {entry.name for entry in directory.iterdir()}
-            kept = {"2" * 32 + ".sock", "3" * 32 + ".sock", "5" * 32 + ".exclusive", own}
+            kept = {"2" * 32 + ".sock", "3" * 32 + ".sock", "names.key", own}
             assert left == {*kept, f"{'7' * 32}.opening.{os.getpid()}"}, left
     finally:
         live.close()

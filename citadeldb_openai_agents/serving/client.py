@@ -1,120 +1,209 @@
 """A client's side: calls sent to the process that owns the file, over its Unix socket.
 
 Connections are pooled: the store's sessions call from many worker threads at once,
-and a connection carries one call at a time. Each new connection proves the
-passphrase (`multiprocessing.connection`'s HMAC challenge, both ways) and says hello
-with the settings that must agree with the owner's.
+and a connection carries one call at a time. Each new connection checks that the peer
+is the process holding the file's lock, runs the mutual proof (handshake.py) and says
+hello with the settings that must agree with the owner's, all within
+`CONNECT_SECONDS`. A call whose owner sends nothing, not even its heartbeat, for
+`SILENCE_SECONDS` raises instead of waiting for ever (a stopped or stuck owner).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 import threading
-from collections.abc import Callable
-from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client, Connection
-from typing import Any
+import time
+from typing import Any, TypeVar
 
-from ..errors import CitadelSessionError, WrongPassphraseError
-from .protocol import VERSION, ClientHello, OwnerHello
+from ..errors import CitadelSessionError, StorageError, WrongPassphraseError
+from ..results import Progress
+from ..storage.lockholder import find_lock_holder
+from .address import SocketKey
+from .channel import Channel
+from .handshake import VERSION, ProofRefused, VersionRefused, client_side, peer_process
+from .operations import Operation, ProtocolError
+from .protocol import OWNER_HELLO, ClientHello, OwnerHello, error_from_wire, hello_to_wire
+from .transport import Note, OwnerGone
+
+T = TypeVar("T")
 
 POOL = 16  # idle connections kept per file; more calls at once open more, closed when done
-
-
-class OwnerGone(Exception):
-    """No process serves the file at the address (any more): the caller takes it over, or waits."""
+CONNECT_SECONDS = 5.0  # to connect, prove both ways and exchange hellos
+SILENCE_SECONDS = 10.0  # the owner's heartbeat comes every second while it works on a call
 
 
 class RemoteOwner:
-    """The owner of a file, reached through its socket."""
+    """The owner of a file, reached through its socket (the remote transport)."""
 
-    def __init__(self, address: str, authkey: bytes, hello: ClientHello, path: str) -> None:
+    def __init__(self, address: str, key: SocketKey, hello: ClientHello, path: str) -> None:
         self._address = address
-        self._authkey = authkey
+        self._key = key
         self._hello = hello
         self._path = path
-        self._idle: list[Connection] = []
+        self._idle: list[Channel] = []
         self._lock = threading.Lock()
         self._closed = False
-        connection, self.owner = self._connect()
-        self._idle.append(connection)
+        channel, self.owner = self._connect()
+        self._idle.append(channel)
+
+    @property
+    def owner_pid(self) -> int:
+        return self.owner.pid
 
     def call(
-        self,
-        operation: str,
-        args: tuple[Any, ...],
-        progress: Callable[[int, int], None] | None = None,
-        noted: list[Any] | None = None,
-    ) -> Any:
+        self, operation: Operation[T], args: tuple[Any, ...], progress: Progress | None, note: Note | None
+    ) -> T:
         """Run `operation(*args)` in the owner; raise what it raised there, or `OwnerGone`.
 
         What the owner notes before it erases (a pop's item, a clear's newest atom) is
-        appended to `noted` as it arrives, so it is there if the owner dies after.
+        passed to `note` as it arrives, so it is known if the owner dies after.
         """
-        connection = self._take()
+        channel = self._take()
         try:
-            connection.send((operation, args, progress is not None))
+            channel.send(["call", operation.name, list(args), progress is not None])
             while True:
-                reply = connection.recv()
-                if reply[0] == "progress":
+                reply = channel.receive(time.monotonic() + SILENCE_SECONDS)
+                if not isinstance(reply, list) or not reply:
+                    raise ProtocolError("a reply that is not a message")
+                if reply[0] == "progress" and len(reply) == 3:
                     if progress is not None:
                         progress(reply[1], reply[2])
-                elif reply[0] == "noted":
-                    if noted is not None:
-                        noted.append(reply[1])
-                else:
+                elif reply[0] == "noted" and len(reply) == 2:
+                    if note is not None:
+                        note(operation.noted(reply[1]))
+                elif reply[0] != "alive":
                     break
+        except TimeoutError:
+            channel.close()
+            raise StorageError(
+                f"process {self.owner.pid}, which holds {self._path} and serves it to this one, has "
+                f"not answered {operation.name} for {SILENCE_SECONDS:g} s: it is stopped (SIGSTOP), "
+                "stuck or starved of CPU. Whether a write was done is unknown: resume or restart that "
+                "process, then check with `python -m citadeldb_openai_agents sessions`."
+            ) from None
         except (EOFError, OSError) as exc:
-            connection.close()
+            channel.close()
             raise OwnerGone(str(exc)) from None
-        self._give_back(connection)
-        if reply[0] == "error":
-            raise reply[1]
-        return reply[1]
+        except ProtocolError as exc:
+            channel.close()
+            raise StorageError(
+                f"the owner of {self._path} sent what the protocol does not allow: {exc}"
+            ) from None
+        if reply[0] == "ok" and len(reply) == 2:
+            value: T = operation.result(reply[1])
+            self._give_back(channel)
+            return value
+        if reply[0] == "error" and len(reply) == 4:
+            self._give_back(channel)
+            raise error_from_wire(*reply[1:])
+        channel.close()
+        raise StorageError(f"the owner of {self._path} sent an answer the protocol does not allow")
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
-        for connection in idle:
+        for channel in idle:
             with contextlib.suppress(OSError):
-                connection.close()
+                channel.close()
 
-    def _take(self) -> Connection:
+    def _take(self) -> Channel:
         with self._lock:
             if self._idle:
                 return self._idle.pop()
         return self._connect()[0]
 
-    def _give_back(self, connection: Connection) -> None:
+    def _give_back(self, channel: Channel) -> None:
         with self._lock:
             if not self._closed and len(self._idle) < POOL:
-                self._idle.append(connection)
+                self._idle.append(channel)
                 return
-        connection.close()
+        channel.close()
 
-    def _connect(self) -> tuple[Connection, OwnerHello]:
+    def _connect(self) -> tuple[Channel, OwnerHello]:
+        deadline = time.monotonic() + CONNECT_SECONDS
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(CONNECT_SECONDS)
         try:
-            connection = Client(self._address, family="AF_UNIX", authkey=self._authkey)
-        except AuthenticationError:
-            raise WrongPassphraseError(
-                f"wrong passphrase for {self._path}: the process that holds the file and serves it "
-                "does not accept it. Check CITADEL_KEY / CITADEL_KEY_FILE: every process on one file "
-                "needs the same passphrase."
-            ) from None
-        except (OSError, EOFError) as exc:
+            sock.connect(self._address)
+        except OSError as exc:
+            sock.close()
             raise OwnerGone(str(exc)) from None
+        channel = Channel(sock)
+        channel.send_timeout = SILENCE_SECONDS
         try:
-            connection.send(("hello", VERSION, self._hello))
-            reply = connection.recv()
-        except (OSError, EOFError) as exc:
-            connection.close()
-            raise OwnerGone(str(exc)) from None
-        if reply[0] != "welcome":
-            connection.close()
+            pid = self._check_peer(sock)
+            client_side(channel, self._key, pid, deadline)
+            channel.send(["hello", hello_to_wire(self._hello)])
+            reply = channel.receive(deadline)
+        except BaseException as exc:
+            channel.close()
+            raise self._refusal(exc) from None
+        if isinstance(reply, list) and len(reply) == 2 and reply[0] == "refused":
+            channel.close()
             raise CitadelSessionError(
                 f"the process that holds {self._path} refused this one: {reply[1]}. Run the same "
                 "version of citadeldb-openai-agents in every process on one file."
             )
-        owner: OwnerHello = reply[1]
-        return connection, owner
+        try:
+            if not (isinstance(reply, list) and len(reply) == 2 and reply[0] == "welcome"):
+                raise ProtocolError("no welcome")
+            owner: OwnerHello = OWNER_HELLO(reply[1])
+        except ProtocolError as exc:
+            channel.close()
+            raise self._refusal(exc) from None
+        return channel, owner
+
+    def _check_peer(self, sock: socket.socket) -> int:
+        """The peer's pid, once the kernel says it is this user's process holding the file's lock."""
+        peer = peer_process(sock)
+        if peer is None:
+            return 0  # no SO_PEERCRED here: the proofs alone stand (they bind no pid)
+        pid, uid = peer
+        if uid != os.getuid():
+            raise _Impostor(f"the socket is served by process {pid} of user {uid}, not of this user")
+        holder = find_lock_holder(self._path)
+        if holder is None:
+            raise OwnerGone("no process holds the file's lock")
+        if holder.pid != pid:
+            raise _Impostor(
+                f"the socket is served by process {pid}, but process {holder.pid} holds the file's lock"
+            )
+        return pid
+
+    def _refusal(self, exc: BaseException) -> BaseException:
+        """What a failed connection means for the caller (never a secret: only what was refused)."""
+        if isinstance(exc, _Impostor):
+            return CitadelSessionError(
+                f"refused to use {self._address} for {self._path}: {exc}. Another process is posing "
+                "as the file's owner, so nothing was sent to it. Find it (`ss -xp`), stop it, then retry."
+            )
+        if isinstance(exc, ProofRefused):
+            return WrongPassphraseError(
+                f"wrong passphrase for {self._path}: the process that holds the file and serves it "
+                "does not accept it (it could not prove it knows this passphrase, so nothing derived "
+                "from it was sent). Check CITADEL_KEY / CITADEL_KEY_FILE: every process on one file "
+                "needs the same passphrase."
+            )
+        if isinstance(exc, VersionRefused):
+            return CitadelSessionError(
+                f"the process that holds {self._path} speaks {exc}, this one protocol {VERSION}. Run the same "
+                "version of citadeldb-openai-agents in every process on one file."
+            )
+        if isinstance(exc, TimeoutError):
+            return StorageError(
+                f"the process that holds {self._path} accepted a connection but did not complete the "
+                f"handshake within {CONNECT_SECONDS:g} s: it is stopped (SIGSTOP) or stuck, or another "
+                "process is listening at its socket. Resume or restart the process holding the file."
+            )
+        if isinstance(exc, ProtocolError):
+            return StorageError(f"the peer at {self._address} does not speak this protocol: {exc}")
+        if isinstance(exc, (OSError, EOFError, OwnerGone)):
+            return OwnerGone(str(exc))
+        return exc
+
+
+class _Impostor(Exception):
+    """The socket's peer is not the process holding the file."""

@@ -1,7 +1,7 @@
 """The files this process serves: one server per file, shared by the stores that own it here.
 
-Also the mark an owner that does not serve leaves for the others, so that a process
-finding the file held knows at once that waiting for a socket is useless.
+Also the mark a process leaves while it opens a file, so that one finding the file held
+by it waits for it to serve instead of taking it for a process that never will.
 """
 
 from __future__ import annotations
@@ -13,28 +13,13 @@ from collections.abc import Iterator
 
 from ..storage.local import LocalFile
 from ..storage.process import current_pid, gone
-from .address import exclusive_marker, opening_marker, socket_path
+from .address import SocketKey, opening_marker, socket_path
 from .protocol import Terms
 from .server import Server
 
 _served: dict[str, tuple[Server, int]] = {}  # resolved path -> (server, stores using it)
 
 _lock = threading.Lock()
-
-
-def mark_exclusive(path: str, held: bool) -> None:
-    """Tell the processes that find the file held that its owner does not serve it.
-
-    Read only while the file's lock is held, so one left by an owner that was killed
-    misleads no one: the next opener gets the lock and replaces it.
-    """
-    marker = exclusive_marker(path)
-    if held:
-        with open(marker, "w", encoding="utf-8") as file:
-            file.write(str(current_pid()))
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(marker)
 
 
 @contextlib.contextmanager
@@ -61,15 +46,11 @@ def is_opening(path: str, pid: int) -> bool:
     return os.path.exists(opening_marker(path, pid)) and not gone(pid)
 
 
-def is_exclusive(path: str) -> bool:
-    return os.path.exists(exclusive_marker(path))
-
-
-def start_serving(path: str, local: LocalFile, authkey: bytes, terms: Terms) -> None:
+def start_serving(path: str, local: LocalFile, key: SocketKey, terms: Terms) -> None:
     with _lock:
         server, users = _served.get(path, (None, 0))
         if server is None:
-            server = Server(local, socket_path(path), authkey, terms=terms)
+            server = Server(local, socket_path(path), key, terms=terms)
         _served[path] = (server, users + 1)
 
 
@@ -85,14 +66,14 @@ def stop_serving(path: str) -> None:
     server.close()
 
 
-def restart_serving(path: str, local: LocalFile, authkey: bytes, terms: Terms) -> None:
+def restart_serving(path: str, local: LocalFile, key: SocketKey, terms: Terms) -> None:
     """Serve again under a new key (after a passphrase change)."""
     with _lock:
         if path not in _served:
             return
         server, users = _served[path]
         server.close()
-        _served[path] = (Server(local, socket_path(path), authkey, terms=terms), users)
+        _served[path] = (Server(local, socket_path(path), key, terms=terms), users)
 
 
 def serves(path: str) -> bool:

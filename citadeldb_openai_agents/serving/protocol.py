@@ -1,29 +1,52 @@
-"""What crosses the owner's socket, after `multiprocessing.connection`'s HMAC handshake.
+"""What crosses the owner's socket once the handshake (handshake.py) has keyed the connection.
 
-Every message is a tuple, pickled by `multiprocessing.connection` (nothing from a peer
-is unpickled before that peer has proved it knows the passphrase):
+Every message is a JSON array, sealed (channel.py):
 
-* client -> owner, once: ``("hello", VERSION, ClientHello)``; the owner answers
-  ``("welcome", OwnerHello)``;
-* client -> owner, per call: ``(operation, args, reporting)``; the owner answers with
-  any number of ``("progress", done, total)`` (only when `reporting`), then
-  ``("ok", value)`` or ``("error", exception)``.
-  A pop or a clear first says what it is about to erase, ``("noted", value)``, so a
-  client that loses the owner mid-call knows how to finish it (serving/shared.py).
+* client -> owner, once: ``["hello", ClientHello]``; the owner answers ``["welcome", OwnerHello]``
+  or ``["refused", reason]``;
+* client -> owner, per call: ``["call", operation, arguments, reporting]``, the operation
+  one of those declared in operations.py and its arguments checked against their shapes;
+  the owner answers with any number of ``["progress", done, total]`` (only when
+  `reporting`), ``["noted", value]`` (a pop or a clear says what it is about to erase,
+  so a client that loses the owner mid-call knows how to finish it) and ``["alive"]``
+  (every `HEARTBEAT_SECONDS` while a call runs), then ``["ok", result]`` or
+  ``["error", name, message, details]``.
 
-Items cross as their JSON text, as the store hands them to storage. Exceptions cross
-pickled: the client raises the very exception the owner's store raised.
+Errors cross as the name of one of this package's exceptions (`ERRORS`) with its message
+and the few fields it carries; any other exception crosses as a `StorageError` telling it.
 """
 
 from __future__ import annotations
 
-import pickle
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from ..embedders.protocol import EmbedderIdentity
-from ..errors import StorageError
+from ..errors import (
+    BackupExistsError,
+    CitadelSessionError,
+    ConfigurationError,
+    CorruptDatabaseError,
+    DatabaseLockedError,
+    DatabaseNotFoundError,
+    EmbedderError,
+    EmbedderMismatchError,
+    EmptyPassphraseError,
+    ExportExistsError,
+    ForkedStoreError,
+    ImportSourceError,
+    InvalidItemError,
+    MoveConflictError,
+    SessionClosedError,
+    SessionNotEmptyError,
+    SessionNotFoundError,
+    StorageError,
+    WrongPassphraseError,
+)
+from ..results import LockHolder
+from .operations import ProtocolError, flag, optional, pair, record, text, whole
 
-VERSION = 4  # 2: pop and clear in one round trip, with a note; 3: progress on request; 4: sync mode
+HEARTBEAT_SECONDS = 1.0  # the owner's "alive" while a call runs; a client gives up after a silence
 
 
 def wire_identity(embedder: EmbedderIdentity) -> tuple[str, int, str]:
@@ -64,35 +87,20 @@ class OwnerHello:
     identity: tuple[str, int, str]
 
 
-# The operations a client may ask for, and whether one may be sent again after the owner
-# died without answering: reads may; writes are made safe to resend (see client.py).
-OPERATIONS = {
-    "append": True,  # carries a batch id the owner checks before writing again
-    "newest": True,
-    "all_items": True,
-    "search_placed": True,
-    "pop": True,  # sent again only if the owner died before it noted the item it pops
-    "clear": True,  # likewise, before it noted the newest item
-    "pop_if_newest": True,  # names the atom noted: popping it again finds it gone
-    "clear_through": True,  # names the newest atom noted: erasing again finds them gone
-    "newest_rows": True,
-    "oldest_rows": True,
-    "replace_suffix": True,  # carries a batch id, like append
-    "erase": False,  # its receipt is lost with the owner; the operator reruns it
-    "summary": True,
-    "session_ids": True,
-    "summaries": True,
-    "purge_expired": True,
-    "verify": True,
-    "backup": False,  # a second attempt would find the first one's files
-}
+def _seconds(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ProtocolError(f"expected a number of seconds, got {type(value).__name__}")
+    return float(value)
 
 
-# The operations that note what they are about to erase (see above).
-NOTING = ("pop", "clear")
+_TERMS = record(Terms, ttl=optional(_seconds), sync_mode=text)
+_IDENTITY = pair(text, whole, text)
+CLIENT_HELLO = record(ClientHello, pid=whole, program=text, terms=_TERMS, identity=_IDENTITY)
+OWNER_HELLO = record(OwnerHello, pid=whole, path=text, terms=_TERMS, identity=_IDENTITY)
 
-# The operations that report their progress on the whole file.
-REPORTING = ("verify", "purge_expired", "summaries", "backup", "all_items")
+
+def hello_to_wire(hello: ClientHello | OwnerHello) -> dict[str, Any]:
+    return asdict(hello)
 
 
 def disagreements(owner: OwnerHello, mine: ClientHello) -> list[str]:
@@ -122,10 +130,63 @@ def _identity(identity: tuple[str, int, str]) -> str:
     return f"{model_id!r} (dim {dim}, {metric})"
 
 
-def portable(exc: BaseException) -> BaseException:
-    """`exc`, or a `StorageError` telling it, if it would not survive the trip."""
-    try:
-        pickle.loads(pickle.dumps(exc))
-    except Exception:
-        return StorageError(f"{type(exc).__name__}: {exc}")
-    return exc
+# The exceptions that cross by name; any other is told in a StorageError.
+ERRORS: dict[str, type[CitadelSessionError]] = {
+    cls.__name__: cls
+    for cls in (
+        CitadelSessionError,
+        ConfigurationError,
+        EmptyPassphraseError,
+        WrongPassphraseError,
+        DatabaseLockedError,
+        DatabaseNotFoundError,
+        CorruptDatabaseError,
+        StorageError,
+        ForkedStoreError,
+        SessionClosedError,
+        InvalidItemError,
+        EmbedderError,
+        EmbedderMismatchError,
+        SessionNotFoundError,
+        SessionNotEmptyError,
+        MoveConflictError,
+        ImportSourceError,
+        BackupExistsError,
+        ExportExistsError,
+    )
+}
+
+
+def error_to_wire(exc: BaseException) -> list[Any]:
+    """``["error", name, message, details]`` for `exc`."""
+    if type(exc).__name__ not in ERRORS or type(exc) is not ERRORS[type(exc).__name__]:
+        return ["error", "StorageError", f"{type(exc).__name__}: {exc}", {}]
+    details: dict[str, Any] = {}
+    if isinstance(exc, ConfigurationError):
+        details["problems"] = exc.problems
+    elif isinstance(exc, DatabaseLockedError) and exc.holder is not None:
+        details["holder"] = [exc.holder.pid, exc.holder.command]
+    elif isinstance(exc, DatabaseNotFoundError):
+        details["creation_refused"] = exc.creation_refused
+    elif isinstance(exc, ForkedStoreError):
+        details["path"], details["owner_pid"] = exc.path, exc.owner_pid
+    return ["error", type(exc).__name__, str(exc), details]
+
+
+def error_from_wire(name: Any, message: Any, details: Any) -> CitadelSessionError:
+    """The exception the owner raised, rebuilt from its name and fields (an unknown name: StorageError)."""
+    message = text(message)
+    cls = ERRORS.get(text(name), StorageError)
+    if not isinstance(details, dict):
+        raise ProtocolError("an error's details are not an object")
+    if cls is ConfigurationError:
+        return ConfigurationError([text(problem) for problem in details.get("problems", [message])])
+    if cls is DatabaseLockedError:
+        holder = details.get("holder")
+        found = None if holder is None else LockHolder(*pair(whole, optional(text))(holder))
+        return DatabaseLockedError(message, holder=found)
+    if cls is DatabaseNotFoundError:
+        return DatabaseNotFoundError(message, creation_refused=flag(details.get("creation_refused", False)))
+    if cls is ForkedStoreError:
+        return ForkedStoreError(message, text(details.get("path", "")), whole(details.get("owner_pid", 0)))
+    return cls(message)

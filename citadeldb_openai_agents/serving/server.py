@@ -1,10 +1,11 @@
 """The owner's side: a file served to other processes on a Unix socket.
 
-One listening thread accepts; each connection gets a thread that first runs the
-handshake (`multiprocessing.connection`'s HMAC challenge, both ways, under a
-timeout: a peer that sends nothing or garbage only ever costs its own thread a few
-seconds) and then executes that client's calls on the `LocalFile`, one at a time.
-Calls of different clients run in parallel, as the store's own threads do.
+One thread accepts (and sends the heartbeats of calls in progress); each connection
+gets a thread that runs the handshake (handshake.py) under one deadline,
+`HANDSHAKE_SECONDS` for the whole of it, then executes that client's calls on the
+`LocalFile`, one at a time. At most `MAX_HANDSHAKES` peers may be in their handshake
+at once: a peer past that is closed at once, without a thread. Calls of different
+clients run in parallel, as the store's own threads do.
 """
 
 from __future__ import annotations
@@ -14,57 +15,53 @@ import logging
 import os
 import selectors
 import socket
-import struct
 import threading
 import time
 import weakref
 from collections.abc import Callable
-from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from typing import Any
 
-from ..errors import CitadelSessionError
 from ..storage.local import LocalFile
 from ..storage.process import current_pid
-from .address import remove_stale_sockets
+from .address import SocketKey, remove_stale_sockets
+from .channel import Channel
+from .handshake import ProofRefused, VersionRefused, owner_side, peer_process
+from .operations import OPERATIONS, ProtocolError
 from .protocol import (
-    NOTING,
-    OPERATIONS,
-    REPORTING,
-    VERSION,
+    CLIENT_HELLO,
+    HEARTBEAT_SECONDS,
     ClientHello,
     OwnerHello,
     Terms,
-    portable,
+    error_to_wire,
+    hello_to_wire,
     wire_identity,
 )
 
 log = logging.getLogger("citadeldb_openai_agents")
 
-HANDSHAKE_SECONDS = 5.0  # a peer must prove itself within this, or it is dropped
-_SO_PEERCRED = getattr(socket, "SO_PEERCRED", None)
+HANDSHAKE_SECONDS = 5.0  # a peer must prove itself and say hello within this, or it is dropped
+MAX_HANDSHAKES = 32  # peers not yet authenticated at once; more are closed on arrival
 _servers: weakref.WeakSet[Server] = weakref.WeakSet()  # this process's, for `_after_fork_in_child`
 
 
 class Server:
     """Serves one `LocalFile` on `address` to whoever proves it knows the passphrase."""
 
-    def __init__(
-        self,
-        file: LocalFile,
-        address: str,
-        authkey: bytes,
-        *,
-        terms: Terms,
-    ) -> None:
+    def __init__(self, file: LocalFile, address: str, key: SocketKey, *, terms: Terms) -> None:
         self._file = file
         self.address = address
-        self._authkey = authkey
+        self._key = key
         self._terms = terms
         self._owner_pid = current_pid()
         self._closed = threading.Event()
-        self._clients: set[socket.socket] = set()
-        self._connections: set[Connection] = set()  # the clients' sockets, as `_calls` reads them
+        self._peers: set[socket.socket] = set()  # every accepted peer, for close and fork
+        self._handshaking = 0
+        self._authenticated = 0
+        self._busy: dict[Channel, float] = {}  # channels with a call running, since when
         self._lock = threading.Lock()
+        self._refusals = _Throttle("refused a peer of %s", file.path)
+        self._failed_accepts = _Throttle("could not accept a client on %s", address)
         self._listener = _listen(address)
         # Written to by `close`, so the accept thread's wait ends at once (a closed listener
         # does not wake a select on Linux: every close would wait out the timeout).
@@ -78,9 +75,9 @@ class Server:
 
     @property
     def clients(self) -> int:
-        """How many client connections are open now."""
+        """How many authenticated client connections are open now."""
         with self._lock:
-            return len(self._clients)
+            return self._authenticated
 
     def close(self) -> None:
         """Stop serving and remove the socket; clients then take the file over or reconnect.
@@ -96,9 +93,9 @@ class Server:
             self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
         with self._lock:
-            for client in self._clients:
+            for peer in self._peers:
                 with contextlib.suppress(OSError):
-                    client.shutdown(socket.SHUT_RDWR)
+                    peer.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             os.write(self._wake_write, b"x")
         self._thread.join(timeout=5)
@@ -107,6 +104,7 @@ class Server:
                 os.close(descriptor)
 
     def _accept(self) -> None:
+        pause = 0.0  # back-off while accepting fails (out of descriptors)
         with selectors.DefaultSelector() as waiting:
             try:
                 waiting.register(self._listener, selectors.EVENT_READ)
@@ -114,137 +112,154 @@ class Server:
             except (OSError, ValueError):
                 return  # closed before this thread started
             while not self._closed.is_set():
-                # A timeout too, should a close land between two waits.
-                ready = waiting.select(timeout=1.0)
+                ready = waiting.select(timeout=HEARTBEAT_SECONDS)
                 if self._closed.is_set() or any(key.fileobj == self._wake_read for key, _ in ready):
                     return
-                if ready and not self._take_peer():
-                    return  # closed
+                self._beat()
+                if ready:
+                    pause = self._take_peer(pause)
+                    if pause:
+                        time.sleep(pause)  # a listener still ready must not spin this thread
 
-    def _take_peer(self) -> bool:
-        """Accept a waiting peer and serve it on a thread of its own; False once closed."""
+    def _take_peer(self, pause: float) -> float:
+        """Accept a waiting peer and serve it on a thread of its own; the back-off to apply next."""
         try:
             # Accepted and registered under the lock a fork waits for: a child forked at any
             # moment closes every connection of this server (`_after_fork_in_child`).
             with self._lock:
                 peer, _ = self._listener.accept()
-                peer.setblocking(True)  # the connection reads it with plain blocking reads
-                connection = Connection(os.dup(peer.fileno()))
-                self._clients.add(peer)
-                self._connections.add(connection)
+                if self._handshaking >= MAX_HANDSHAKES:
+                    peer.close()
+                    self._refusals.note(f"{MAX_HANDSHAKES} peers are already in their handshake")
+                    return 0.0
+                self._peers.add(peer)
+                self._handshaking += 1
         except BlockingIOError:
-            return True  # the peer gave up before it was accepted
+            return 0.0  # the peer gave up before it was accepted
         except OSError as exc:
             if self._closed.is_set():
-                return False
+                return 0.0
             # Out of descriptors, or the peer aborted: this peer is lost, not the server.
-            log.warning("could not accept a client on %s (%s); still serving", self.address, exc)
-            time.sleep(0.05)  # a listener still ready must not spin this thread
-            return True
-        thread = threading.Thread(target=self._serve, args=(peer, connection), name="citadel-client")
-        thread.daemon = True
-        thread.start()
-        return True
+            self._failed_accepts.note(f"{exc.strerror or exc}; still serving")
+            return min(1.0, max(0.05, pause * 2))
+        threading.Thread(target=self._serve, args=(peer,), name="citadel-client", daemon=True).start()
+        return 0.0
 
-    def _serve(self, peer: socket.socket, connection: Connection) -> None:
-        who = _peer(peer)
+    def _serve(self, peer: socket.socket) -> None:
+        channel = Channel(peer)
+        authenticated = False
+        who = "a local process"
         try:
-            # A blocking read that gives up after a while (`settimeout` would make the socket
-            # non-blocking, which the connection's plain reads do not expect).
-            _receive_timeout(peer, HANDSHAKE_SECONDS)
-            hello = self._handshake(connection, who)
-            if hello is None:
-                return
-            _receive_timeout(peer, 0)
-            log.info("client connected to %s: %s (%s)", self._file.path, who, hello.program)
-            if self._calls(connection, who):
-                log.info("client left %s: %s", self._file.path, who)
+            hello, who = self._handshake(channel, peer)
+            with self._lock:
+                self._handshaking -= 1
+                authenticated = hello is not None
+                self._authenticated += authenticated
+            if hello is not None:
+                log.info("client connected to %s: %s (%s)", self._file.path, who, hello.program)
+                if self._calls(channel, who):
+                    log.info("client left %s: %s", self._file.path, who)
         except (EOFError, OSError) as exc:
             if not self._closed.is_set():
                 log.warning("dropped the client %s of %s: %s", who, self._file.path, type(exc).__name__)
         finally:
             with self._lock:
-                self._clients.discard(peer)
-                self._connections.discard(connection)
-            connection.close()
+                self._peers.discard(peer)
+                self._busy.pop(channel, None)
+                if authenticated:
+                    self._authenticated -= 1
             peer.close()
 
-    def _handshake(self, connection: Connection, who: str) -> ClientHello | None:
-        """Authenticate the peer both ways, then exchange hellos; None for a peer refused."""
+    def _handshake(self, channel: Channel, peer: socket.socket) -> tuple[ClientHello | None, str]:
+        """Authenticate the peer both ways, then exchange hellos; (None, who) for a peer refused."""
+        deadline = time.monotonic() + HANDSHAKE_SECONDS
+        pid, uid = 0, os.getuid()
+        with contextlib.suppress(OSError):
+            pid, uid = peer_process(peer) or (pid, uid)
+        who = f"PID {pid}" if uid == os.getuid() else f"PID {pid} (uid {uid})"
         try:
-            deliver_challenge(connection, self._authkey)
-            answer_challenge(connection, self._authkey)
-        except Exception as exc:
-            log.warning(
-                "refused a peer of %s (%s): %s, a wrong passphrase or not a client of this package",
-                self._file.path,
-                who,
-                type(exc).__name__,
+            if uid != os.getuid():
+                raise ProofRefused("another user's process")
+            owner_side(channel, self._key, pid, deadline)
+            message = channel.receive(deadline)
+            if not (isinstance(message, list) and len(message) == 2 and message[0] == "hello"):
+                raise ProtocolError("it sent no hello")
+            hello: ClientHello = CLIENT_HELLO(message[1])
+            owner = OwnerHello(
+                current_pid(), self._file.path, self._terms, wire_identity(self._file.identity)
             )
-            return None
-        message = connection.recv()
-        if not (isinstance(message, tuple) and len(message) == 3 and message[0] == "hello"):
-            log.warning("refused a peer of %s (%s): it sent no hello", self._file.path, who)
-            return None
-        _, version, hello = message
-        if version != VERSION or not isinstance(hello, ClientHello):
-            log.warning(
-                "refused a peer of %s (%s): protocol %r, not %d", self._file.path, who, version, VERSION
-            )
-            connection.send(("refused", f"protocol {version!r}: this owner speaks {VERSION}"))
-            return None
-        identity = self._file.identity
-        connection.send(
-            (
-                "welcome",
-                OwnerHello(
-                    current_pid(),
-                    self._file.path,
-                    self._terms,
-                    wire_identity(identity),
-                ),
-            )
-        )
-        return hello
+            channel.send(["welcome", hello_to_wire(owner)])
+            return hello, who
+        except TimeoutError:
+            self._refusals.note(f"{who}: it did not finish its handshake within {HANDSHAKE_SECONDS:g} s")
+        except ProofRefused:
+            self._refusals.note(f"{who}: it could not prove it knows the passphrase")
+        except VersionRefused as exc:
+            self._refusals.note(f"{who}: it speaks {exc}")
+        except EOFError:
+            self._refusals.note(f"{who}: it left during the handshake (a wrong passphrase, or not a client)")
+        except (ProtocolError, OSError, ValueError) as exc:
+            self._refusals.note(f"{who}: {type(exc).__name__}, not a client of this package")
+        return None, who
 
-    def _calls(self, connection: Connection, who: str) -> bool:
+    def _calls(self, channel: Channel, who: str) -> bool:
         """Answer the client's calls until it leaves (True) or sends what is not a call (False)."""
         while True:
             try:
-                message = connection.recv()
+                message = channel.receive()
             except EOFError:
                 return True  # the client closed the connection: it left
-            if not (
-                isinstance(message, tuple)
-                and len(message) == 3
-                and isinstance(message[0], str)
-                and isinstance(message[1], tuple)
-            ):
-                log.warning(
-                    "dropped the client %s of %s: it sent a message that is not a call", who, self._file.path
-                )
+            except ProtocolError as exc:
+                log.warning("dropped the client %s of %s: %s", who, self._file.path, exc)
                 return False
-            operation, args, reporting = message
-            function = getattr(self._file, operation) if operation in OPERATIONS else None
-            if function is None:
-                connection.send(("error", CitadelSessionError(f"the owner offers no {operation!r}")))
-                continue
+            operation = OPERATIONS.get(message[1]) if _is_call(message) else None
             try:
-                # Progress only for a caller that asked for it: every full read reports it.
-                if operation in REPORTING and reporting:
-                    result = function(*args, progress=_forward(connection, "progress"))
-                elif operation in NOTING:
-                    result = function(*args, note=_forward(connection, "noted"))
-                else:
-                    result = function(*args)
+                if operation is None:
+                    raise ProtocolError("it sent a message that is not a call")
+                args = operation.arguments(message[2])
+            except ProtocolError as exc:
+                log.warning("dropped the client %s of %s: %s", who, self._file.path, exc)
+                return False
+            options: dict[str, Any] = {}
+            if operation.reports and message[3]:  # progress only for a caller that asked for it
+                options["progress"] = _forward(channel, "progress")
+            if operation.notes:
+                options["note"] = _forward(channel, "noted")
+            with self._lock:
+                self._busy[channel] = time.monotonic()
+            try:
+                result = getattr(self._file, operation.name)(*args, **options)
             except Exception as exc:
-                connection.send(("error", portable(exc)))
+                reply = error_to_wire(exc)
             else:
-                connection.send(("ok", result))
+                reply = ["ok", operation.to_wire(result)]
+            finally:
+                with self._lock:
+                    self._busy.pop(channel, None)
+            channel.send(reply)
+
+    def _beat(self) -> None:
+        """Tell the clients whose calls run long that this owner is alive."""
+        now = time.monotonic()
+        with self._lock:
+            busy = [channel for channel, since in self._busy.items() if now - since >= HEARTBEAT_SECONDS]
+        for channel in busy:
+            with contextlib.suppress(OSError, ProtocolError):
+                channel.send(["alive"], wait=False)  # never behind a reply being sent
 
 
-def _forward(connection: Connection, tag: str) -> Callable[..., None]:
-    """A callback that sends its arguments to the client as a ``(tag, ...)`` message.
+def _is_call(message: Any) -> bool:
+    return (
+        isinstance(message, list)
+        and len(message) == 4
+        and message[0] == "call"
+        and isinstance(message[1], str)
+        and isinstance(message[3], bool)
+    )
+
+
+def _forward(channel: Channel, tag: str) -> Callable[..., None]:
+    """A callback that sends its arguments to the client as a ``[tag, ...]`` message.
 
     A note is sent before the owner erases anything: should the owner die after, the
     client knows what was about to go (a message sent is in the client's queue, even
@@ -252,9 +267,34 @@ def _forward(connection: Connection, tag: str) -> Callable[..., None]:
     """
 
     def send(*values: Any) -> None:
-        connection.send((tag, *values))
+        channel.send([tag, *values])
 
     return send
+
+
+class _Throttle:
+    """A warning that may come in floods (slow or hostile peers): ten a minute, then a count."""
+
+    def __init__(self, what: str, where: str, *, burst: int = 10, window: float = 60.0) -> None:
+        self._what, self._where = what, where
+        self._burst, self._window = burst, window
+        self._start, self._count, self._dropped = 0.0, 0, 0
+        self._lock = threading.Lock()
+
+    def note(self, detail: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._start >= self._window:
+                if self._dropped:
+                    log.warning(
+                        f"{self._what} %s more times (not logged one by one)", self._where, self._dropped
+                    )
+                self._start, self._count, self._dropped = now, 0, 0
+            self._count += 1
+            if self._count > self._burst:
+                self._dropped += 1
+                return
+        log.warning(f"{self._what} (%s)", self._where, detail)
 
 
 def _after_fork_in_child() -> None:
@@ -266,10 +306,8 @@ def _after_fork_in_child() -> None:
     # shutdown, changes nothing for the parent, which goes on serving; its threads are not here.
     for server in list(_servers):
         server._listener.close()
-        for peer in list(server._clients):
+        for peer in list(server._peers):
             peer.close()
-        for connection in list(server._connections):
-            connection.close()
         for descriptor in (server._wake_read, server._wake_write):
             with contextlib.suppress(OSError):
                 os.close(descriptor)
@@ -313,24 +351,3 @@ def _listen(address: str) -> socket.socket:
     listener.listen(64)
     listener.setblocking(False)  # accepted only once select says a peer waits (`Server._accept`)
     return listener
-
-
-def _receive_timeout(peer: socket.socket, seconds: float) -> None:
-    """Reads on `peer` fail after `seconds` without data (0: wait forever)."""
-    whole = int(seconds)
-    peer.setsockopt(
-        socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", whole, int((seconds - whole) * 1e6))
-    )
-
-
-def _peer(peer: socket.socket) -> str:
-    """The peer's process id and user, where Linux tells them (SO_PEERCRED)."""
-    if _SO_PEERCRED is None:
-        return "a local process"
-    try:
-        pid, uid, _ = struct.unpack(
-            "3i", peer.getsockopt(socket.SOL_SOCKET, _SO_PEERCRED, struct.calcsize("3i"))
-        )
-    except OSError:
-        return "a local process"
-    return f"PID {pid}" if uid == os.getuid() else f"PID {pid} (uid {uid})"

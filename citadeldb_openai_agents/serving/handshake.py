@@ -1,0 +1,120 @@
+"""The handshake on the owner's socket: who the peer is, then a mutual proof bound to the connection.
+
+1. The client checks, with the kernel's word for it (``SO_PEERCRED``), that the peer is
+   a process of this user and the one holding the file's lock (/proc/locks). A relay or
+   a squatter at the socket's name is refused here, before anything is sent.
+2. Client -> owner: ``CDLS``, the protocol version, a fresh 32-byte nonce.
+3. Owner -> client: ``CDLS``, its version, its own nonce, and its proof: an HMAC under
+   the socket's key (address.SocketKey) of both nonces and both process ids as the
+   owner's kernel reports them. The owner proves itself first, so a fake owner gets
+   nothing derived from the passphrase.
+4. Client -> owner: the client's proof, the same with its role. Both ids are in both
+   proofs, so a proof relayed to another connection does not verify.
+5. Each side derives the connection's two keys (HKDF of the socket's key over both
+   nonces, one per direction) and seals every later frame with them (channel.py).
+
+A fake client does get the owner's proof: testing a passphrase guess against it costs
+one derivation of the socket's key, which is dearer than trying the guess on the file.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import secrets
+import socket
+import struct
+import time
+
+from .address import SocketKey
+from .channel import Channel
+from .operations import ProtocolError
+
+VERSION = 5  # 5: this handshake and JSON frames (1-4 ran on multiprocessing.connection)
+_MAGIC = b"CDLS"
+_NONCE = 32
+_SO_PEERCRED = getattr(socket, "SO_PEERCRED", None)
+
+
+class ProofRefused(Exception):
+    """The peer could not prove it knows the socket's key: a wrong passphrase, or an impostor."""
+
+
+class VersionRefused(Exception):
+    """The peer speaks another version of the protocol (`version` is its)."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__(f"protocol {version}")
+        self.version = version
+
+
+def peer_process(sock: socket.socket) -> tuple[int, int] | None:
+    """The peer's (pid, uid) as the kernel reports it, or None where it does not (not Linux)."""
+    if _SO_PEERCRED is None:
+        return None
+    pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, _SO_PEERCRED, struct.calcsize("3i")))
+    return pid, uid
+
+
+def client_side(channel: Channel, key: SocketKey, owner_pid: int, deadline: float) -> None:
+    """The client's half, after it checked the peer (`owner_pid` is the kernel's word for it)."""
+    mine = secrets.token_bytes(_NONCE)
+    channel.send_plain(_MAGIC + VERSION.to_bytes(2, "big") + mine)
+    answer = channel.receive_plain(deadline)
+    version = _version(answer)
+    if version != VERSION:
+        raise VersionRefused(version)
+    if len(answer) != 6 + 2 * _NONCE:
+        raise ProtocolError("the owner's handshake is malformed")
+    theirs, proof = answer[6 : 6 + _NONCE], answer[6 + _NONCE :]
+    ids = _ids(owner_pid, os.getpid())
+    if not hmac.compare_digest(proof, key.mac(b"owner", mine, theirs, ids)):
+        raise ProofRefused("the owner's proof does not verify")
+    channel.send_plain(key.mac(b"client", mine, theirs, ids))
+    _key(channel, key, mine, theirs, ids, outgoing=b"client->owner", incoming=b"owner->client")
+
+
+def owner_side(channel: Channel, key: SocketKey, client_pid: int, deadline: float) -> None:
+    """The owner's half (`client_pid` is the kernel's word for the peer); raises if refused."""
+    hello = channel.receive_plain(deadline)
+    version = _version(hello)
+    if version != VERSION:
+        channel.send_plain(_MAGIC + VERSION.to_bytes(2, "big"))  # the client says what it is
+        raise VersionRefused(version)
+    if len(hello) != 6 + _NONCE:
+        raise ProtocolError("a malformed hello")
+    theirs, mine = hello[6:], secrets.token_bytes(_NONCE)
+    ids = _ids(os.getpid(), client_pid)
+    channel.send_plain(_MAGIC + VERSION.to_bytes(2, "big") + mine + key.mac(b"owner", theirs, mine, ids))
+    proof = channel.receive_plain(deadline)
+    if not hmac.compare_digest(proof, key.mac(b"client", theirs, mine, ids)):
+        raise ProofRefused("the client's proof does not verify")
+    _key(channel, key, theirs, mine, ids, outgoing=b"owner->client", incoming=b"client->owner")
+
+
+def _ids(owner_pid: int, client_pid: int) -> bytes:
+    return owner_pid.to_bytes(8, "big", signed=True) + client_pid.to_bytes(8, "big", signed=True)
+
+
+def _version(frame: bytes) -> int:
+    if len(frame) < 6 or frame[:4] != _MAGIC:
+        raise ProtocolError("not this package's handshake")
+    return int.from_bytes(frame[4:6], "big")
+
+
+def _key(
+    channel: Channel,
+    key: SocketKey,
+    client_nonce: bytes,
+    owner_nonce: bytes,
+    ids: bytes,
+    *,
+    outgoing: bytes,
+    incoming: bytes,
+) -> None:
+    salt = client_nonce + owner_nonce
+    channel.seal(key.expand(salt, outgoing + ids), key.expand(salt, incoming + ids))
+
+
+def deadline_in(seconds: float) -> float:
+    return time.monotonic() + seconds

@@ -1,0 +1,68 @@
+"""How a store reaches its file: one `call` whether the file is open here or in its owner.
+
+`LocalTransport` runs an operation on the file this process holds; the remote
+transport (`client.RemoteOwner`) sends it to the process that does. Both take an
+`Operation` declaration (operations.py) and its arguments, and return its result;
+only the remote one can lose its owner mid-call (`OwnerGone`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+from ..results import Progress
+from ..storage.local import LocalFile
+from .operations import Operation
+
+T = TypeVar("T")
+Note = Callable[[Any], None]
+
+
+class OwnerGone(Exception):
+    """No process serves the file at the address (any more): the caller takes it over, or waits."""
+
+
+class Transport(Protocol):
+    """Where a store's operations run."""
+
+    @property
+    def owner_pid(self) -> int | None:
+        """The process that holds the file, when it is not this one."""
+
+    def call(
+        self, operation: Operation[T], args: tuple[Any, ...], progress: Progress | None, note: Note | None
+    ) -> T:
+        """Run `operation(*args)`; `note` hears what a noting operation is about to erase."""
+
+    def close(self) -> None:
+        """Let go of the file (or the connections to its owner)."""
+
+
+class LocalTransport:
+    """The file, open in this process: an operation is a method call in the calling thread."""
+
+    def __init__(self, local: LocalFile, on_close: Callable[[], None]) -> None:
+        self.local = local
+        self.owner_pid: int | None = None
+        self._on_close = on_close  # the mode's: stop serving, or remove the serve = false mark
+
+    def call(
+        self, operation: Operation[T], args: tuple[Any, ...], progress: Progress | None, note: Note | None
+    ) -> T:
+        if operation.batched and not operation.marks_local and not args[-1]:
+            args = (*args[:-2], None, False)  # this process's own write needs no marker
+        options: dict[str, Any] = {}
+        if operation.reports and progress is not None:
+            options["progress"] = progress
+        if operation.notes and note is not None:
+            options["note"] = note
+        result: T = getattr(self.local, operation.name)(*args, **options)
+        return result
+
+    def close(self) -> None:
+        """Give this store's share of the file back (a forked child leaves its parent's alone)."""
+        if self.local.forked:
+            return
+        self._on_close()
+        self.local.release()

@@ -1,0 +1,36 @@
+"""Peers of an owner's socket that are not a store: a well-behaved one, for tests that speak the protocol."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+
+from citadeldb_openai_agents.serving.address import Secret, SocketKey, socket_path
+from citadeldb_openai_agents.serving.channel import Channel
+from citadeldb_openai_agents.serving.handshake import client_side, peer_process
+
+
+def authenticated_peer(db_path: Path, key: str) -> Channel:
+    """A peer that knows the passphrase, proves it and says hello, as a client of this package does."""
+    path = str(db_path.resolve())
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(socket_path(path))
+    channel = Channel(sock)
+    peer = peer_process(sock)
+    assert peer is not None
+    client_side(channel, SocketKey(Secret(key.encode()), path), peer[0], time.monotonic() + 10)
+    channel.send(
+        [
+            "hello",
+            {
+                "pid": os.getpid(),
+                "program": "test",
+                "terms": {"ttl": None, "sync_mode": "full"},
+                "identity": ["any", 1, "cosine"],
+            },
+        ]
+    )
+    assert channel.receive(time.monotonic() + 10)[0] == "welcome"
+    return channel
