@@ -65,7 +65,10 @@ class JsonlSource:
 
 def file_name(session_id: str) -> str:
     """A file name for a session: its id made safe and short, and a digest of the whole id."""
-    escaped = quote(session_id, safe="").replace("%", "_")[:_READABLE] or "session"
+    # As UTF-8 bytes that keep a lone surrogate (the store accepts any str as an id).
+    escaped = (
+        quote(session_id.encode("utf-8", "surrogatepass"), safe="").replace("%", "_")[:_READABLE] or "session"
+    )
     if escaped.startswith("."):
         escaped = "_" + escaped[1:]
     digest = hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
@@ -88,7 +91,7 @@ def write_session_files(
     """
     folder = Path(directory).expanduser().absolute()
     names = {session_id: file_name(session_id) for session_id in session_ids}
-    existing = [name for name in [*names.values(), INDEX] if (folder / name).exists()]
+    existing = [name for name in [*names.values(), INDEX] if os.path.lexists(folder / name)]
     if existing:
         shown = ", ".join(existing[:3]) + (f" and {len(existing) - 3} more" if len(existing) > 3 else "")
         raise ExportExistsError(

@@ -166,12 +166,15 @@ def write_sqlite_file(
             os.link(partial, target)  # unlike a rename, never replaces a file that appeared meanwhile
         except FileExistsError:
             _refuse_existing(target)
+            raise ExportExistsError(
+                f"refusing to overwrite {target}: it appeared during the export"
+            ) from None
     finally:
         os.unlink(partial)
 
 
 def _refuse_existing(target: Path) -> None:
-    if target.exists():
+    if os.path.lexists(target):  # a symlink too, dangling or not: nothing is written through one
         raise ExportExistsError(
             f"refusing to overwrite {target}: choose a new file (an export never replaces one)"
         )

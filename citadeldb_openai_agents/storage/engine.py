@@ -25,7 +25,7 @@ import shutil
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, TypeVar
 
 import citadeldb
@@ -40,7 +40,7 @@ from ..errors import (
 from ..options import Argon2Profile, SyncMode, check_argon2_profile, check_cache_size, check_sync_mode
 from . import inventory
 from .codec import ITEM_KIND
-from .files import AUDIT_SUFFIX, COMPANION_SUFFIXES, opening
+from .files import AUDIT_SUFFIX, COMPANION_SUFFIXES, make_private, opening, private_files
 from .handle import MemoryHandle
 from .process import current_pid
 from .translate import companions_missing, translate_open_error, translate_storage_error
@@ -136,25 +136,30 @@ class OpenDatabase:
         opened: Future[Any],
     ) -> None:
         key = secret.pop()
-        try:
-            with opening(self.path):
-                db = citadeldb.connect(self.path, key=key, region_keys=True, options=options)
-        except BaseException as exc:  # handed to the opener, re-raised there
-            opened.set_exception(translate_open_error(exc, self.path))
-            return
-        finally:
-            del key
-        try:
-            refuse_lost_key_files(db, self.path)
-            if before_memory is not None:
-                self.audit = before_memory(db, self.path)
-            # Opening the memory engine reads pages: a damaged file can fail here, after
-            # connect succeeded. The opener must get the error, and the file its lock back.
-            memory = MemoryHandle(db.memory(), self.path)
-        except BaseException as exc:
-            db.close()
-            opened.set_exception(translate_open_error(exc, self.path))
-            return
+        new = not os.path.exists(self.path)
+        # A new file's companions are made by connect and by the memory engine: all 0600.
+        with private_files() if new else nullcontext():
+            try:
+                with opening(self.path):
+                    db = citadeldb.connect(self.path, key=key, region_keys=True, options=options)
+            except BaseException as exc:  # handed to the opener, re-raised there
+                opened.set_exception(translate_open_error(exc, self.path))
+                return
+            finally:
+                del key
+            try:
+                refuse_lost_key_files(db, self.path)
+                if before_memory is not None:
+                    self.audit = before_memory(db, self.path)
+                # Opening the memory engine reads pages: a damaged file can fail here, after
+                # connect succeeded. The opener must get the error, and the file its lock back.
+                memory = MemoryHandle(db.memory(), self.path)
+            except BaseException as exc:
+                db.close()
+                opened.set_exception(translate_open_error(exc, self.path))
+                return
+        if new:
+            make_private(self.path)
         opened.set_result((db, memory))
         while True:
             call = self._calls.get()

@@ -39,21 +39,54 @@ def opening(path: str) -> Iterator[None]:
     """
     try:
         import fcntl
-    except ImportError:  # Windows: no flock
+    except ImportError:  # Windows: no flock (nor a umask that means the same)
         yield
         return
     complete = all(os.path.exists(name) for name in (path, path + COMPANION_SUFFIXES[0]))
     try:
         descriptor = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
     except OSError:
-        yield
+        with private_files():
+            yield
         return
     try:
         with suppress(OSError):  # a file system without flock: as before
             fcntl.flock(descriptor, fcntl.LOCK_SH if complete else fcntl.LOCK_EX)
-        yield
+        if complete:
+            yield
+        else:
+            with private_files():
+                yield
+            make_private(path)
     finally:
         os.close(descriptor)  # releases the lock
+
+
+_umask_lock = threading.RLock()  # a new file's open nests the creation's own
+
+
+@contextmanager
+def private_files() -> Iterator[None]:
+    """Files created meanwhile are 0600 whatever the umask: a database, its companions, a backup.
+
+    Citadel creates them with the process's umask (022 makes them 0644: any local user could
+    copy them and guess the passphrase offline). The umask is the process's, so another
+    thread creating a file meanwhile gets the stricter mode too, never a looser one.
+    """
+    with _umask_lock:
+        previous = os.umask(0o077)
+        try:
+            yield
+        finally:
+            os.umask(previous)
+
+
+def make_private(path: str) -> None:
+    """chmod 0600 the database's files that exist (after they were created: a directory's ACL
+    or a file system that ignores the umask must not leave them open)."""
+    for name in database_files(path):
+        with suppress(FileNotFoundError):
+            os.chmod(name, 0o600, follow_symlinks=False)
 
 
 def database_size(path: str) -> int:

@@ -12,6 +12,7 @@ Also here: the two things done to a file that is not open for use, `verify_file`
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -33,7 +34,7 @@ from . import compaction, reads, registry, writes
 from .audit import ATOM_KEYS, audit, check_before_memory, inventory_of
 from .completeness import now_micros
 from .engine import OpenDatabase, audit_chain, backup_with_audit, database_options, rotate
-from .files import copy_watched, database_files, resolve_path
+from .files import copy_watched, database_files, make_private, private_files, resolve_path
 from .reembed import reembed_file
 from .search_upkeep import store_all_pending
 from .segments import SessionLayout, SessionState
@@ -64,15 +65,21 @@ class LocalFile:
         refusal: str = "create=False forbids creating one",
         fix: str = ", or pass create=True to start a new, empty database",
     ) -> None:
+        new = not os.path.exists(resolve_path(path))
         try:
             self._database = _acquire(path, key, options, create=create, refusal=refusal, fix=fix)
         finally:
             del key  # error trackers record a failed frame's locals
         try:
-            self._layout = _shared_layout(self._database, embedder)
+            # Citadel makes two companions of a new file at its first region and atom, which the
+            # layout writes: made 0600 like the file (files.private_files).
+            with private_files() if new else contextlib.nullcontext():
+                self._layout = _shared_layout(self._database, embedder)
         except BaseException:
             registry.release(self._database)
             raise
+        if new:
+            make_private(self.path)
 
     @property
     def path(self) -> str:
@@ -201,18 +208,20 @@ class LocalFile:
 
     def backup(self, destination: str | os.PathLike[str], progress: Progress | None = None) -> list[str]:
         """Write a consistent copy of the file and its companions to `destination`; return their paths."""
-        target = Path(destination).expanduser().resolve()
+        # Not resolved: a symlink at the destination is refused, never followed.
+        target = Path(destination).expanduser().absolute()
         if not target.parent.is_dir():
             raise DatabaseNotFoundError(f"cannot back up to {target}: {target.parent} does not exist.")
-        existing = [p for p in database_files(str(target)) if os.path.exists(p)]
+        existing = [p for p in database_files(str(target)) if os.path.lexists(p)]
         if existing:
             raise BackupExistsError(
                 f"refusing to overwrite {', '.join(existing)}: choose a new destination "
                 "(a backup never replaces files)."
             )
         with self._database.exclusive(), copy_watched(self.path, str(target), progress, self._used_pages()):
-            # Exclusive: the audit log must describe the data it goes with.
-            self._database.on_owner_thread(lambda db: backup_with_audit(db, self.path, str(target)))
+            # Exclusive: the audit log must describe the data it goes with. The umask is set
+            # on the owner's thread, which writes the copy.
+            self._database.on_owner_thread(lambda db: _private_backup(db, self.path, str(target)))
         return [p for p in database_files(str(target)) if os.path.exists(p)]
 
     def _used_pages(self) -> int | None:
@@ -252,6 +261,12 @@ class LocalFile:
             if progress is not None:
                 progress(number, len(states))
         return done
+
+
+def _private_backup(db: citadeldb.Database, path: str, target: str) -> None:
+    with private_files():
+        backup_with_audit(db, path, target)
+    make_private(target)
 
 
 def integrity_report(

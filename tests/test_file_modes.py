@@ -1,0 +1,120 @@
+"""What the library writes to disk only its owner reads, and it never writes through a symlink.
+
+Each test runs with umask 022, the common default, under which Citadel alone would
+make every file 0644: any local user could copy it and guess the passphrase offline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_operator_cli import PASSPHRASE, environment, run
+
+from citadeldb_openai_agents import BackupExistsError, CitadelSessionStore
+from citadeldb_openai_agents.storage.files import database_files
+
+from conftest import KEY
+
+SURROGATE_ID = "half \udc80 a pair"  # a lone surrogate: a str the store accepts as an id
+
+
+@pytest.fixture(autouse=True)
+def umask_022() -> Iterator[None]:
+    previous = os.umask(0o022)
+    yield
+    os.umask(previous)
+
+
+def modes(paths: list[str]) -> dict[str, int]:
+    return {os.path.basename(path): stat.S_IMODE(os.stat(path).st_mode) for path in paths}
+
+
+def items(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+def test_a_new_database_its_companions_and_its_backups_are_0600(tmp_path: Path) -> None:
+    path = tmp_path / "agent.cdl"
+    with CitadelSessionStore(path, KEY, argon2_profile="iot") as store:
+        asyncio.run(store.session("s").add_items(items("private")))
+        written = store.backup(tmp_path / "backup.cdl")
+    files = database_files(str(path))
+    assert len(files) == len(written) == 5
+    assert set(modes(files).values()) == {0o600}, modes(files)
+    assert set(modes(written).values()) == {0o600}, modes(written)
+
+
+def test_move_and_import_targets_and_exports_are_0600(tmp_path: Path) -> None:
+    source, target = tmp_path / "source.cdl", tmp_path / "target.cdl"
+    with CitadelSessionStore(source, PASSPHRASE, argon2_profile="iot") as store:
+        for session_id in ("a", "b"):
+            asyncio.run(store.session(session_id).add_items(items(session_id)))
+    env = environment(source)
+    with (
+        CitadelSessionStore(source, PASSPHRASE) as store,
+        CitadelSessionStore(target, PASSPHRASE, argon2_profile="iot", create=True) as other,
+    ):
+        assert store.move_session("a", other).items == 1
+    assert set(modes(database_files(str(target))).values()) == {0o600}
+    exported = tmp_path / "b.jsonl"
+    assert run("export", "b", "--out", str(exported), env=env).returncode == 0
+    imported = tmp_path / "imported.cdl"
+    done = run("import", str(exported), "--session-id", "b", "--create", env=environment(imported))
+    assert done.returncode == 0, done.stderr
+    assert set(modes(database_files(str(imported))).values()) == {0o600}
+    assert run("export", "--format", "sqlite", str(tmp_path / "all.db"), env=env).returncode == 0
+    assert run("export", "--all", str(tmp_path / "dump"), env=env).returncode == 0
+    written = [str(exported), str(tmp_path / "all.db"), *(str(p) for p in (tmp_path / "dump").iterdir())]
+    assert set(modes(written).values()) == {0o600}, modes(written)
+
+
+@pytest.mark.parametrize("dangling", [True, False], ids=["dangling", "to-a-file"])
+def test_no_output_is_written_through_a_symlink(tmp_path: Path, dangling: bool) -> None:
+    path = tmp_path / "agent.cdl"
+    with CitadelSessionStore(path, PASSPHRASE, argon2_profile="iot") as store:
+        asyncio.run(store.session("s").add_items(items("private")))
+    aim = tmp_path / "elsewhere"
+    if not dangling:
+        aim.write_bytes(b"theirs")
+
+    def link(name: str) -> Path:
+        placed = tmp_path / name
+        placed.symlink_to(aim)
+        return placed
+
+    with CitadelSessionStore(path, PASSPHRASE) as store, pytest.raises(BackupExistsError):
+        store.backup(link("backup.cdl"))
+    env = environment(path)
+    for args in (
+        ["export", "s", "--out", str(link("s.jsonl"))],
+        ["export", "--format", "sqlite", str(link("all.db"))],
+    ):
+        refused = run(*args, env=env)
+        assert refused.returncode == 1 and "refusing to overwrite" in refused.stderr, refused
+        assert "Traceback" not in refused.stderr
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    (dump / "index.json").symlink_to(aim)
+    refused = run("export", "--all", str(dump), env=env)
+    assert refused.returncode == 1 and "refusing to overwrite" in refused.stderr, refused
+    assert [p.name for p in dump.iterdir()] == ["index.json"], "an export wrote beside a refused target"
+    # Nothing was written where the links point.
+    assert aim.exists() is not dangling and (dangling or aim.read_bytes() == b"theirs")
+
+
+def test_export_all_handles_every_id_the_store_accepts(tmp_path: Path) -> None:
+    path = tmp_path / "agent.cdl"
+    with CitadelSessionStore(path, PASSPHRASE, argon2_profile="iot") as store:
+        asyncio.run(store.session(SURROGATE_ID).add_items(items("odd id")))
+    done = run("export", "--all", str(tmp_path / "dump"), env=environment(path))
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    [entry] = json.loads((tmp_path / "dump" / "index.json").read_text(encoding="utf-8"))
+    assert entry["session_id"] == SURROGATE_ID and entry["items"] == 1
+    line = (tmp_path / "dump" / entry["file"]).read_text(encoding="utf-8")
+    assert json.loads(line) == items("odd id")[0]
