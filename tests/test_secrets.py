@@ -66,11 +66,22 @@ def secrets_in_frames(error: BaseException) -> list[str]:
             if frame.f_code.co_filename != __file__:
                 for name, value in frame.f_locals.items():
                     values = value if isinstance(value, (list, tuple)) else [value]
-                    found += [
-                        f"{frame.f_code.co_name}:{name}" for v in values if isinstance(v, str) and leaked(v)
-                    ]
+                    found += [f"{frame.f_code.co_name}:{name}" for v in values if _holds_secret(v)]
             tb = tb.tb_next
     return found
+
+
+# Key material derived from the secrets (the socket keys), which no frame may hold either.
+DERIVED: list[bytes] = []
+
+
+def _holds_secret(value: object) -> bool:
+    if isinstance(value, str):
+        return bool(leaked(value))
+    if isinstance(value, (bytes, bytearray)):
+        raw = bytes(value)
+        return any(secret.encode() in raw for secret in SECRETS) or any(key in raw for key in DERIVED)
+    return False
 
 
 def described(error: BaseException) -> str:
@@ -354,4 +365,47 @@ def test_a_locked_file_shows_no_passphrase_in_errors_or_cli_output(
                 assert "Traceback" not in err and code == 1, (command, code, err)
     finally:
         holder.communicate("\n", timeout=60)
+    assert_nothing_leaked(every_log_record, capfd)
+
+
+# Holds the file with the real passphrase and serves it, until its stdin closes.
+OWNER = textwrap.dedent(
+    """
+    import sys
+    from citadeldb_openai_agents import CitadelSessionStore
+    store = CitadelSessionStore(sys.argv[1], sys.argv[2], argon2_profile="iot")
+    print("ready", flush=True)
+    sys.stdin.read()
+    store.close()
+    """
+)
+
+
+def test_a_client_refused_by_the_owner_keeps_no_secret_or_socket_key_in_its_frames(
+    original: Path, clean_environment: None, every_log_record, capfd
+) -> None:
+    from citadeldb_openai_agents.serving.address import Secret, SocketKey
+
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, str(original), PASSPHRASE],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert owner.stdout is not None and owner.stdout.readline().strip() == "ready"
+        for candidate in (WRONG, PASSPHRASE):
+            key = SocketKey(Secret(candidate.encode()), str(original.resolve()))
+            key.mac(b"x")
+            DERIVED.append(bytes(key._key.value))
+            key.forget()
+        with pytest.raises(WrongPassphraseError, match="does not accept it") as caught:
+            CitadelSessionStore(original, WRONG)
+        assert not leaked(described(caught.value))
+        assert not secrets_in_frames(caught.value), secrets_in_frames(caught.value)
+    finally:
+        DERIVED.clear()
+        assert owner.stdin is not None
+        owner.stdin.close()
+        owner.wait(timeout=60)
     assert_nothing_leaked(every_log_record, capfd)
