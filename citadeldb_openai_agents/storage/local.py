@@ -192,7 +192,8 @@ class LocalFile:
 
     def verify(self, progress: Progress | None = None) -> IntegrityReport:
         """Citadel's page check, the audit log's chain, and per session what the pages hold against what reads back."""
-        pages, chain = self._database.on_owner_thread(lambda db: (db.integrity_check(), audit_chain(db)))
+        pages = self._database.alone(lambda db: db.integrity_check())
+        chain = self._database.on_owner_thread(audit_chain)
         verdicts: dict[str, int] = {}
         sessions = []
         for state, (expected, readable, found) in self._each(reads.inspect, progress):
@@ -236,7 +237,7 @@ class LocalFile:
         keys = [current_key, new_key]
         del current_key, new_key  # only `keys` holds them, and it is emptied
         try:
-            rotated = self._database.on_owner_thread(lambda db: rotate(db, self.path, *keys))
+            rotated = self._database.alone(lambda db: rotate(db, self.path, *keys))
         finally:
             keys.clear()
         if not rotated:
