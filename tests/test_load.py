@@ -56,6 +56,7 @@ import pytest
 from citadeldb_openai_agents import CitadelSessionStore
 from citadeldb_openai_agents.serving.handover import HANDOVER_SECONDS
 from citadeldb_openai_agents.storage.lockholder import find_lock_holder
+from citadeldb_openai_agents.storage.process import gone
 
 from conftest import KEY
 
@@ -436,6 +437,47 @@ def test_gunicorn_preload_keeps_every_acknowledged_turn_when_the_master_is_kille
         assert all("Restart the whole server" in line for line in failures), failures
         if MOMENTS[kill % len(MOMENTS)] is not None:
             assert failures, "the turn whose write the master held was answered"
+    assert_every_acknowledged_turn_stored(database, load)
+
+
+def test_after_its_master_is_sigkilled_a_restarted_gunicorn_serves_within_seconds(tmp_path: Path) -> None:
+    """gunicorn --preload's master owns the file; SIGKILLed, its orphaned workers still hold the
+    file's lock through their inherited copy and can never take it over. They name themselves as
+    the holder (not the dead master), stop themselves within seconds, and a restart serves."""
+    database = tmp_path / "agent.cdl"
+    load = Load()
+    with serving("gunicorn --preload", tmp_path, database) as server:
+        master = server.process.pid
+        assert server.owner() == master
+        workers = children(master)
+        load.start(server.port, requests=400)
+        load.wait_answered(100)
+        os.kill(master, signal.SIGKILL)
+        server.process.wait(TIMEOUT)
+        killed = time.monotonic()
+        load.stop()
+        load.join()
+        holder = find_lock_holder(database)
+        assert holder is None or holder.pid in workers, (holder, workers)
+        wait_until(lambda: find_lock_holder(database) is None, "the orphaned workers to let go")
+        freed = time.monotonic() - killed
+        assert all(gone(pid) for pid in workers), "an orphaned worker lives on"  # or a zombie, unreaped
+        with socket.socket() as probe:  # the workers' listening socket is closed too
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(("127.0.0.1", server.port))
+        log = server.text()
+    assert freed < 15.0, freed
+    assert "stops itself (SIGTERM)" in log, log
+    outcomes = {turn.outcome for turn in load.failed()}
+    assert outcomes <= {*KILLED_WORKERS_CONNECTION, "500 DatabaseLockedError", "ConnectionRefusedError"}, (
+        outcomes
+    )
+    acknowledged = sum(turn.acknowledged for turns in load.turns.values() for turn in turns)
+    with serving("gunicorn --preload", tmp_path, database) as again:
+        load.start(again.port, requests=100)
+        load.join()
+        again.stop()
+    assert sum(turn.acknowledged for turns in load.turns.values() for turn in turns) == acknowledged + 100
     assert_every_acknowledged_turn_stored(database, load)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..errors import ConfigurationError, DatabaseLockedError
+from . import orphans
 
 
 def not_serving_here(locked: DatabaseLockedError) -> DatabaseLockedError:
@@ -32,7 +33,8 @@ def parent_gone(path: str, parent: int, exited: bool, waited: float) -> Database
         f"{path} was served to this process by its parent, process {parent}, and {what}: the "
         "parent is gone or stuck. This process and the others forked from that parent still hold "
         "the file's lock through the copy they inherited, so none of them can take the file over. "
-        "Restart the whole server, all its processes (gunicorn: its master and workers)."
+        "Restart the whole server, all its processes (gunicorn: its master and workers); each "
+        f"process forked from it stops itself (SIGTERM) {orphans.GRACE_SECONDS:g} s after it exited."
     )
 
 

@@ -27,6 +27,7 @@ from .address import SocketKey, remove_stale_sockets
 from .channel import Channel
 from .handshake import ProofRefused, VersionRefused, owner_side, peer_process
 from .operations import OPERATIONS, ProtocolError
+from .orphans import watch_parent
 from .protocol import (
     CLIENT_HELLO,
     HEARTBEAT_SECONDS,
@@ -304,7 +305,8 @@ def _after_fork_in_child() -> None:
     # --preload's workers outlive a killed master, and a worker it forks to replace one
     # inherits every connection the master serves). Closing the child's copies, without a
     # shutdown, changes nothing for the parent, which goes on serving; its threads are not here.
-    for server in list(_servers):
+    inherited = [server for server in list(_servers) if server._owner_pid != current_pid()]
+    for server in inherited:
         server._listener.close()
         for peer in list(server._peers):
             peer.close()
@@ -312,6 +314,8 @@ def _after_fork_in_child() -> None:
             with contextlib.suppress(OSError):
                 os.close(descriptor)
     _release_forking()
+    if inherited:
+        watch_parent(inherited[0]._owner_pid, [server._file.path for server in inherited])
 
 
 # The servers whose lock the forking thread holds, from `_before_fork` to after the fork.

@@ -33,7 +33,28 @@ def find_lock_holder(path: str | os.PathLike[str]) -> LockHolder | None:
             continue
         pid = int(fields[4]) if fields[4].isdigit() else 0
         # 0 or -1: the owner lives in another PID namespace, so its number means nothing here.
-        return LockHolder(pid, _command(pid)) if pid > 0 else None
+        if pid <= 0:
+            return None
+        if not os.path.exists(PROC / str(pid)):
+            # The process that took the lock has exited, and the lock lives on in the processes
+            # that inherited its open file (a SIGKILLed gunicorn master's workers): name one.
+            pid = _a_process_with_open(path) or pid
+        return LockHolder(pid, _command(pid))
+    return None
+
+
+def _a_process_with_open(path: str | os.PathLike[str]) -> int | None:
+    """A live process (of those this one may inspect) with `path` open, or None."""
+    wanted = os.path.realpath(path)
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            for descriptor in (entry / "fd").iterdir():
+                if os.readlink(descriptor) == wanted:
+                    return int(entry.name)
+        except OSError:
+            continue  # another user's, or gone meanwhile
     return None
 
 
