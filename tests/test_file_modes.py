@@ -118,3 +118,9 @@ def test_export_all_handles_every_id_the_store_accepts(tmp_path: Path) -> None:
     assert entry["session_id"] == SURROGATE_ID and entry["items"] == 1
     line = (tmp_path / "dump" / entry["file"]).read_text(encoding="utf-8")
     assert json.loads(line) == items("odd id")[0]
+    # SQLite's text cannot hold it: refused by name, nothing written, no traceback.
+    refused = run("export", "--format", "sqlite", str(tmp_path / "all.db"), env=environment(path))
+    assert (
+        refused.returncode == 1 and "lone surrogate" in refused.stderr and "Traceback" not in refused.stderr
+    )
+    assert not (tmp_path / "all.db").exists() and not list(tmp_path.glob(".all.db.*"))

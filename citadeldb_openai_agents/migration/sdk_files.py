@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from ..errors import ExportExistsError, ImportSourceError
+from ..errors import CitadelSessionError, ExportExistsError, ImportSourceError
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 SESSIONS_TABLE, MESSAGES_TABLE = "agent_sessions", "agent_messages"
@@ -152,6 +152,7 @@ def write_sqlite_file(
             for statement in _SCHEMA:
                 connection.execute(statement)
             for session_id, items, first, last in sessions:
+                _refuse_unstorable(session_id)
                 connection.execute(
                     f"INSERT INTO {SESSIONS_TABLE} (session_id, created_at, updated_at) "
                     "VALUES (?, COALESCE(?, CURRENT_TIMESTAMP), COALESCE(?, CURRENT_TIMESTAMP))",
@@ -171,6 +172,17 @@ def write_sqlite_file(
             ) from None
     finally:
         os.unlink(partial)
+
+
+def _refuse_unstorable(session_id: str) -> None:
+    try:
+        session_id.encode("utf-8")
+    except UnicodeEncodeError:
+        raise CitadelSessionError(
+            f"session id {session_id!r} holds a lone surrogate, which SQLite's text cannot hold (nor "
+            "could the SDK's SQLiteSession use it); nothing was written. Export it with --all (JSON "
+            "Lines), or name the other sessions."
+        ) from None
 
 
 def _refuse_existing(target: Path) -> None:
