@@ -268,12 +268,12 @@ def test_a_stopped_owner_fails_a_call_and_an_open_within_the_bound(
     db_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     owner = Service(db_path)
-    monkeypatch.setattr(client_module, "SILENCE_SECONDS", 2.0)
-    monkeypatch.setattr(client_module, "CONNECT_SECONDS", 1.0)
     try:
         with CitadelSessionStore(db_path, KEY) as client:
             session = client.session("alice")
             asyncio.run(session.add_items(items("before the stop")))
+            monkeypatch.setattr(client_module, "SILENCE_SECONDS", 2.0)
+            monkeypatch.setattr(client_module, "CONNECT_SECONDS", 1.0)
             os.kill(owner.pid, signal.SIGSTOP)
             started = time.monotonic()
             with pytest.raises(StorageError, match=f"process {owner.pid}, which holds .* has not answered"):

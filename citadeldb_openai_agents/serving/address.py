@@ -295,6 +295,10 @@ class SocketKey:
         """A 32-byte key for one connection: HKDF-SHA256 of the socket's key."""
         return HKDF(algorithm=SHA256(), length=32, salt=salt, info=info).derive(self._bytes())
 
+    def derive(self) -> None:
+        """Derive the key now if it is not yet (each later use then costs nothing)."""
+        self._bytes()
+
     def forget(self) -> None:
         """Zero the key (the store closed, or its passphrase changed: derived anew when next needed)."""
         with self._lock:
