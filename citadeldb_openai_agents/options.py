@@ -107,5 +107,7 @@ def check_passphrase(key: Any) -> str:
             "Pass key=... (in deployments, set CITADEL_KEY or CITADEL_KEY_FILE)."
         )
     if not isinstance(key, str):
-        raise TypeError(f"the passphrase must be a str, not {type(key).__name__}")
+        kind = type(key).__name__
+        del key  # bytes holding the passphrase: error trackers record a failed frame's locals
+        raise TypeError(f"the passphrase must be a str, not {kind}")
     return key

@@ -469,8 +469,10 @@ def test_after_its_master_is_sigkilled_a_restarted_gunicorn_serves_within_second
     assert freed < 15.0, freed
     assert "stops itself (SIGTERM)" in log, log
     outcomes = {turn.outcome for turn in load.failed()}
+    unexpected = [line for line in log.splitlines() if "turn failed" in line and "DatabaseLocked" not in line]
     assert outcomes <= {*KILLED_WORKERS_CONNECTION, "500 DatabaseLockedError", "ConnectionRefusedError"}, (
-        outcomes
+        outcomes,
+        unexpected[:3],
     )
     acknowledged = sum(turn.acknowledged for turns in load.turns.values() for turn in turns)
     with serving("gunicorn --preload", tmp_path, database) as again:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import socket
+import struct
 import threading
 import time
 from typing import Any
@@ -45,7 +46,6 @@ class Channel:
         self._incoming: ChaCha20Poly1305 | None = None
         self._sent = 0
         self._received = 0
-        self.send_timeout: float | None = None  # a client's: an owner that stops reading is not waited for
 
     def seal(self, outgoing: bytes, incoming: bytes) -> None:
         """From now on every frame is sealed (each key 32 bytes, one per direction)."""
@@ -53,7 +53,6 @@ class Channel:
 
     def send_plain(self, data: bytes) -> None:
         with self._send_lock:
-            self.sock.settimeout(self.send_timeout)
             self.sock.sendall(len(data).to_bytes(_LENGTH, "big") + data)
 
     def receive_plain(self, deadline: float) -> bytes:
@@ -73,8 +72,11 @@ class Channel:
         try:
             sealed = self._outgoing.encrypt(_nonce(self._sent), data, None)
             self._sent += 1
-            self.sock.settimeout(self.send_timeout)
-            self.sock.sendall(len(sealed).to_bytes(_LENGTH, "big") + sealed)
+            self.sock.settimeout(None)  # blocking: SO_SNDTIMEO bounds a client's (`bound_silence`)
+            try:
+                self.sock.sendall(len(sealed).to_bytes(_LENGTH, "big") + sealed)
+            except BlockingIOError:
+                raise TimeoutError("the peer took nothing in time") from None
         finally:
             self._send_lock.release()
 
@@ -103,21 +105,53 @@ class Channel:
         return self._exactly(length, deadline)
 
     def _exactly(self, size: int, deadline: float | None) -> bytes:
+        if deadline is None:
+            # A blocking read, whole in one call where the kernel can (a call's frames: no poll
+            # before each read, as a timeout would make Python do). A client's bound on the
+            # owner's silence is the socket's SO_RCVTIMEO (`bound_silence`): it ends the read
+            # with EAGAIN, which is a timeout here.
+            self.sock.settimeout(None)
+            try:
+                data = self.sock.recv(size, socket.MSG_WAITALL)
+            except BlockingIOError:
+                raise TimeoutError("no frame in time") from None
+            if len(data) == size:
+                return data
+            if not data:
+                raise Closed("the peer closed the connection")
+            return data + self._rest(size - len(data))
         buffer = bytearray(size)
         view, got = memoryview(buffer), 0
         while got < size:
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError("no frame in time")
-                self.sock.settimeout(left)  # the whole frame is due by the deadline, not each read
-            else:
-                self.sock.settimeout(None)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no frame in time")
+            self.sock.settimeout(left)  # the whole frame is due by the deadline, not each read
             count = self.sock.recv_into(view[got:])
             if count == 0:
                 raise Closed("the peer closed the connection")
             got += count
         return bytes(buffer)
+
+    def _rest(self, size: int) -> bytes:
+        """What a signal or a short read left of a frame (blocking reads)."""
+        parts = []
+        while size:
+            try:
+                part = self.sock.recv(size, socket.MSG_WAITALL)
+            except BlockingIOError:
+                raise TimeoutError("no frame in time") from None
+            if not part:
+                raise Closed("the peer closed the connection")
+            parts.append(part)
+            size -= len(part)
+        return b"".join(parts)
+
+    def bound_silence(self, seconds: float) -> None:
+        """Blocking reads and writes on this channel fail after `seconds` without progress."""
+        packed = struct.pack("ll", int(seconds), int((seconds - int(seconds)) * 1e6))
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, packed)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, packed)
 
 
 def _nonce(count: int) -> bytes:

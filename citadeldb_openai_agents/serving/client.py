@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from ..errors import CitadelSessionError, StorageError, WrongPassphraseError
 from ..results import Progress
 from ..storage.lockholder import find_lock_holder
+from ..storage.process import gone
 from .address import SocketKey
 from .channel import Channel
 from .handshake import VERSION, ProofRefused, VersionRefused, client_side, peer_process
@@ -62,9 +63,10 @@ class RemoteOwner:
         """
         channel = self._take()
         try:
+            channel.bound_silence(SILENCE_SECONDS)
             channel.send(["call", operation.name, list(args), progress is not None])
             while True:
-                reply = channel.receive(time.monotonic() + SILENCE_SECONDS)
+                reply = channel.receive()
                 if not isinstance(reply, list) or not reply:
                     raise ProtocolError("a reply that is not a message")
                 if reply[0] == "progress" and len(reply) == 3:
@@ -133,7 +135,6 @@ class RemoteOwner:
             sock.close()
             raise OwnerGone(str(exc)) from None
         channel = Channel(sock)
-        channel.send_timeout = SILENCE_SECONDS
         try:
             pid = self._check_peer(sock)
             client_side(channel, self._key, pid, deadline)
@@ -168,6 +169,8 @@ class RemoteOwner:
         holder = find_lock_holder(self._path)
         if holder is None:
             raise OwnerGone("no process holds the file's lock")
+        if holder.pid != pid and gone(pid):
+            raise OwnerGone(f"process {pid} is exiting")  # its socket outlives it by a moment
         if holder.pid != pid:
             raise _Impostor(
                 f"the socket is served by process {pid}, but process {holder.pid} holds the file's lock"

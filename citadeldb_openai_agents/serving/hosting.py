@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterator
 
 from ..storage.local import LocalFile
-from ..storage.process import current_pid, gone
+from ..storage.process import HOSTING, at_fork, current_pid, gone
 from .address import SocketKey, opening_marker, socket_path
 from .protocol import Terms
 from .server import Server
@@ -20,6 +20,22 @@ from .server import Server
 _served: dict[str, tuple[Server, int]] = {}  # resolved path -> (server, stores using it)
 
 _lock = threading.Lock()
+
+
+def _before_fork() -> None:
+    # A server is built under this lock (its stale-socket sweep probes for up to 1 s): a child
+    # forked meanwhile must not inherit it held by a thread it does not have.
+    _lock.acquire()
+
+
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()
+
+
+at_fork(
+    HOSTING, before=_before_fork, after_in_parent=lambda: _lock.release(), after_in_child=_after_fork_in_child
+)
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..storage.local import LocalFile
-from ..storage.process import current_pid
+from ..storage.process import SERVERS, at_fork, current_pid
 from .address import SocketKey, remove_stale_sockets
 from .channel import Channel
 from .handshake import ProofRefused, VersionRefused, owner_side, peer_process
@@ -335,10 +335,7 @@ def _release_forking() -> None:
     _forking.clear()
 
 
-if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
-    os.register_at_fork(
-        before=_before_fork, after_in_parent=_release_forking, after_in_child=_after_fork_in_child
-    )
+at_fork(SERVERS, before=_before_fork, after_in_parent=_release_forking, after_in_child=_after_fork_in_child)
 
 
 def _listen(address: str) -> socket.socket:

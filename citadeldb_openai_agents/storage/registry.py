@@ -22,6 +22,7 @@ from ..errors import CitadelSessionError
 from ..options import check_passphrase
 from .engine import BeforeMemory, OpenDatabase, refuse_lost_key_files
 from .files import resolve_path
+from .process import REGISTRY, at_fork
 from .translate import translate_open_error, translate_storage_error
 
 T = TypeVar("T")
@@ -135,9 +136,6 @@ def _after_fork_in_child() -> None:
         database.keep_citadel_objects_forever()
 
 
-if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
-    os.register_at_fork(
-        before=_before_fork,
-        after_in_parent=_after_fork_in_parent,
-        after_in_child=_after_fork_in_child,
-    )
+at_fork(
+    REGISTRY, before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child
+)
