@@ -79,7 +79,10 @@ def operate_while_writing(store: CitadelSessionStore, tmp_path: Path) -> None:
 
 
 def test_operator_calls_beside_eight_writers_in_one_process(tmp_path: Path) -> None:
-    with CitadelSessionStore(tmp_path / "agent.cdl", KEY, argon2_profile="iot", sync_mode="off") as store:
+    # Citadel's default sync mode, the service's default. With sync_mode="off", backup beside
+    # these writers failed in 2 of 3 runs with Citadel's "invalid page type" (a known issue,
+    # docs/operations.md); not reproduced outside this test in 8 tries.
+    with CitadelSessionStore(tmp_path / "agent.cdl", KEY, argon2_profile="iot") as store:
         operate_while_writing(store, tmp_path)
 
 
