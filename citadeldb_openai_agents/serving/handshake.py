@@ -24,7 +24,6 @@ import os
 import secrets
 import socket
 import struct
-import time
 
 from .address import SocketKey
 from .channel import Channel
@@ -93,6 +92,8 @@ def owner_side(channel: Channel, key: SocketKey, client_pid: int, deadline: floa
 
 
 def _ids(owner_pid: int, client_pid: int) -> bytes:
+    if _SO_PEERCRED is None:
+        return b""  # no kernel word on the peer (not Linux): neither side knows the other's pid
     return owner_pid.to_bytes(8, "big", signed=True) + client_pid.to_bytes(8, "big", signed=True)
 
 
@@ -114,7 +115,3 @@ def _key(
 ) -> None:
     salt = client_nonce + owner_nonce
     channel.seal(key.expand(salt, outgoing + ids), key.expand(salt, incoming + ids))
-
-
-def deadline_in(seconds: float) -> float:
-    return time.monotonic() + seconds

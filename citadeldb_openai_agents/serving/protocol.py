@@ -23,25 +23,12 @@ from typing import Any
 
 from ..embedders.protocol import EmbedderIdentity
 from ..errors import (
-    BackupExistsError,
     CitadelSessionError,
     ConfigurationError,
-    CorruptDatabaseError,
     DatabaseLockedError,
     DatabaseNotFoundError,
-    EmbedderError,
-    EmbedderMismatchError,
-    EmptyPassphraseError,
-    ExportExistsError,
     ForkedStoreError,
-    ImportSourceError,
-    InvalidItemError,
-    MoveConflictError,
-    SessionClosedError,
-    SessionNotEmptyError,
-    SessionNotFoundError,
     StorageError,
-    WrongPassphraseError,
 )
 from ..results import LockHolder
 from .operations import ProtocolError, flag, optional, pair, record, text, whole
@@ -130,36 +117,21 @@ def _identity(identity: tuple[str, int, str]) -> str:
     return f"{model_id!r} (dim {dim}, {metric})"
 
 
-# The exceptions that cross by name; any other is told in a StorageError.
+def _tree(cls: type[CitadelSessionError]) -> list[type[CitadelSessionError]]:
+    return [cls, *(sub for child in cls.__subclasses__() for sub in _tree(child))]
+
+
+# The exceptions that cross by name: this package's own (errors.py); any other is told in a StorageError.
 ERRORS: dict[str, type[CitadelSessionError]] = {
     cls.__name__: cls
-    for cls in (
-        CitadelSessionError,
-        ConfigurationError,
-        EmptyPassphraseError,
-        WrongPassphraseError,
-        DatabaseLockedError,
-        DatabaseNotFoundError,
-        CorruptDatabaseError,
-        StorageError,
-        ForkedStoreError,
-        SessionClosedError,
-        InvalidItemError,
-        EmbedderError,
-        EmbedderMismatchError,
-        SessionNotFoundError,
-        SessionNotEmptyError,
-        MoveConflictError,
-        ImportSourceError,
-        BackupExistsError,
-        ExportExistsError,
-    )
+    for cls in _tree(CitadelSessionError)
+    if cls.__module__ == CitadelSessionError.__module__
 }
 
 
 def error_to_wire(exc: BaseException) -> list[Any]:
     """``["error", name, message, details]`` for `exc`."""
-    if type(exc).__name__ not in ERRORS or type(exc) is not ERRORS[type(exc).__name__]:
+    if ERRORS.get(type(exc).__name__) is not type(exc):
         return ["error", "StorageError", f"{type(exc).__name__}: {exc}", {}]
     details: dict[str, Any] = {}
     if isinstance(exc, ConfigurationError):

@@ -40,7 +40,7 @@ from ..errors import (
 from ..options import Argon2Profile, SyncMode, check_argon2_profile, check_cache_size, check_sync_mode
 from . import inventory
 from .codec import ITEM_KIND
-from .files import AUDIT_SUFFIX, COMPANION_SUFFIXES, make_private, opening, private_files
+from .files import AUDIT_SUFFIX, COMPANION_SUFFIXES, opening, private_files
 from .handle import MemoryHandle
 from .process import current_pid
 from .translate import companions_missing, translate_open_error, translate_storage_error
@@ -158,9 +158,7 @@ class OpenDatabase:
                 db.close()
                 opened.set_exception(translate_open_error(exc, self.path))
                 return
-        if new:
-            make_private(self.path)
-        opened.set_result((db, memory))
+        opened.set_result((db, memory))  # LocalFile chmods the new file's five once its layout is made
         while True:
             call = self._calls.get()
             if call is None:

@@ -46,18 +46,12 @@ def opening(path: str) -> Iterator[None]:
     try:
         descriptor = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
     except OSError:
-        with private_files():
-            yield
+        yield
         return
     try:
         with suppress(OSError):  # a file system without flock: as before
             fcntl.flock(descriptor, fcntl.LOCK_SH if complete else fcntl.LOCK_EX)
-        if complete:
-            yield
-        else:
-            with private_files():
-                yield
-            make_private(path)
+        yield
     finally:
         os.close(descriptor)  # releases the lock
 
