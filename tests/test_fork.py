@@ -36,6 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import citadeldb
 import pytest
 
 from citadeldb_openai_agents import CitadelSession, CitadelSessionStore, ForkedStoreError
@@ -392,6 +393,55 @@ def test_a_child_forked_while_the_last_store_closes_cannot_open_the_file(
     with CitadelSessionStore(path, KEY, embedder=embedder) as reopened:
         assert asyncio.run(reopened.session("parent").get_items()) == turn("parent", 0)
         assert reopened.verify().ok
+
+
+def test_a_slow_open_holds_up_neither_other_files_nor_a_fork_and_a_second_store_joins_it(
+    tmp_path: Path, fork: Callable[[Callable[[], Any]], Child], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opening a big file takes seconds (its audit reads every row): nothing else in the process waits."""
+    slow, other = tmp_path / "slow.cdl", tmp_path / "other.cdl"
+    for path in (slow, other):
+        CitadelSessionStore(path, KEY, argon2_profile="iot", serve=False).close()
+    real_connect = citadeldb.connect
+    entered, gate = threading.Event(), threading.Event()
+    connects: list[str] = []
+
+    def connect(path: str, *args: Any, **kwargs: Any) -> Any:
+        if os.path.basename(path) == slow.name:
+            connects.append(path)
+            entered.set()
+            assert gate.wait(TIMEOUT)
+        return real_connect(path, *args, **kwargs)
+
+    monkeypatch.setattr(citadeldb, "connect", connect)
+    stores: dict[str, CitadelSessionStore] = {}
+
+    def open_slow(name: str) -> None:
+        stores[name] = CitadelSessionStore(slow, KEY, serve=False)
+
+    openers = [threading.Thread(target=open_slow, args=(name,)) for name in ("first", "second")]
+    openers[0].start()
+    assert entered.wait(TIMEOUT)
+    openers[1].start()
+    safety = threading.Timer(15, gate.set)  # a process that waited for the slow open gets it here
+    safety.start()
+    try:
+        started = time.monotonic()
+        with CitadelSessionStore(other, KEY, serve=False) as store:
+            asyncio.run(store.session("s").add_items(turn("other", 0)))
+        child = fork(lambda: outcome(lambda: CitadelSessionStore(slow, KEY, serve=False)))
+        assert time.monotonic() - started < 5.0 and not gate.is_set()
+    finally:
+        gate.set()
+        safety.cancel()
+    for opener in openers:
+        opener.join(TIMEOUT)
+    assert_forked_error(child.result(), slow, opening=True)
+    assert len(connects) == 1, "the second store joins the file the first opened"
+    asyncio.run(stores["first"].session("s").add_items(turn("slow", 0)))
+    assert asyncio.run(stores["second"].session("s").get_items()) == turn("slow", 0)
+    for opened in stores.values():
+        opened.close()
 
 
 # The store a pool's tasks inherit through the fork (set by the test before the pool starts).

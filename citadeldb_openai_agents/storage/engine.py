@@ -186,23 +186,7 @@ class OpenDatabase:
 
     def forked_error(self, *, opening: bool = False) -> ForkedStoreError:
         """The error for a use of this file in a forked process (or a new open there)."""
-        if opening:
-            cause = (
-                f"cannot open {self.path} in process {current_pid()}: process {self.owner_pid} held it "
-                "open when this process was forked from it, and that parent still holds the "
-                "file; opening it here would use the forked copy of the parent's open file"
-            )
-        else:
-            cause = (
-                f"{self.path} was opened by process {self.owner_pid}, and this is process "
-                f"{current_pid()}, a fork of it"
-            )
-        return ForkedStoreError(
-            f"{cause}. A forked copy of an open Citadel file cannot be used: its writes "
-            f"would damage the file. {FORK_ADVICE}",
-            self.path,
-            self.owner_pid,
-        )
+        return forked_error(self.path, self.owner_pid, opening=opening)
 
     def on_owner_thread(self, function: Callable[[citadeldb.Database], T]) -> T:
         """Run a file-level call on the thread that owns the `Database`."""
@@ -352,6 +336,24 @@ class OpenDatabase:
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"<OpenDatabase {self.path!r} {state}>"
+
+
+def forked_error(path: str, owner_pid: int, *, opening: bool = False) -> ForkedStoreError:
+    """The error for a use of `path` in a process forked from `owner_pid` (or a new open there)."""
+    if opening:
+        cause = (
+            f"cannot open {path} in process {current_pid()}: process {owner_pid} held it (or was "
+            "opening it) when this process was forked from it, and that parent still holds the "
+            "file; opening it here would use the forked copy of the parent's open file"
+        )
+    else:
+        cause = f"{path} was opened by process {owner_pid}, and this is process {current_pid()}, a fork of it"
+    return ForkedStoreError(
+        f"{cause}. A forked copy of an open Citadel file cannot be used: its writes "
+        f"would damage the file. {FORK_ADVICE}",
+        path,
+        owner_pid,
+    )
 
 
 def refuse_lost_key_files(db: citadeldb.Database, path: str) -> None:

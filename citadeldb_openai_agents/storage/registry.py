@@ -6,6 +6,11 @@ consistent, and in the child every file the parent held (or was closing) stays
 registered, so a new open of it is refused: citadeldb would hand the child the
 parent's open file, lock and all (`ForkedStoreError`). The child also never lets
 Citadel close or drop what it inherited.
+
+No file is opened under the registry's lock: opening can take seconds (the audit reads
+every row), and every other open, close and fork in the process would wait for it. An
+opening entry per path makes a second store on the same file wait for the first
+open (and join it) while stores on other files go on.
 """
 
 from __future__ import annotations
@@ -20,9 +25,9 @@ import citadeldb
 
 from ..errors import CitadelSessionError
 from ..options import check_passphrase
-from .engine import BeforeMemory, OpenDatabase, refuse_lost_key_files
+from .engine import BeforeMemory, OpenDatabase, forked_error, refuse_lost_key_files
 from .files import resolve_path
-from .process import REGISTRY, at_fork
+from .process import REGISTRY, at_fork, current_pid
 from .translate import translate_open_error, translate_storage_error
 
 T = TypeVar("T")
@@ -32,6 +37,17 @@ _registry: dict[str, OpenDatabase] = {}
 # meanwhile inherits them as much as those in `_registry` (see `_after_fork_in_child`).
 _closing: set[OpenDatabase] = set()
 _registry_lock = threading.Lock()
+
+
+class _Opening:
+    """A file one thread is opening: others wanting it wait for the outcome."""
+
+    def __init__(self) -> None:
+        self.opener_pid = current_pid()
+        self.done = threading.Event()
+
+
+_opening: dict[str, _Opening] = {}
 
 
 def acquire(
@@ -50,20 +66,47 @@ def acquire(
     try:
         check_passphrase(key)
         resolved = resolve_path(path)
+        while True:
+            with _registry_lock:
+                database = _joined(resolved, key)
+                if database is not None:
+                    return database
+                pending = _opening.get(resolved)
+                if pending is None:
+                    pending = _opening[resolved] = _Opening()
+                    break
+            pending.done.wait()  # then join what it opened, or try again if it failed
+        try:
+            database = OpenDatabase(resolved, key, options, before_memory)
+        except BaseException:
+            with _registry_lock:
+                _opening.pop(resolved, None)
+            pending.done.set()
+            raise
         with _registry_lock:
-            database = _registry.get(resolved)
-            if database is not None and database.forked:
-                # citadeldb would join the engine this process inherited, lock and all.
-                raise database.forked_error(opening=True)
-            if database is None:
-                database = OpenDatabase(resolved, key, options, before_memory)
-                _registry[resolved] = database
-            else:
-                database.check_same_passphrase(key)
+            _registry[resolved] = database
             database.references += 1
-            return database
+            _opening.pop(resolved, None)
+        pending.done.set()
+        return database
     finally:
         del key
+
+
+def _joined(resolved: str, key: str) -> OpenDatabase | None:
+    """The open file at `resolved` with one more reference, if this process holds it (under the lock)."""
+    database = _registry.get(resolved)
+    pending = _opening.get(resolved)
+    if database is not None and database.forked:
+        # citadeldb would join the engine this process inherited, lock and all.
+        raise database.forked_error(opening=True)
+    if pending is not None and pending.opener_pid != current_pid():
+        raise forked_error(resolved, pending.opener_pid, opening=True)  # forked mid-open
+    if database is None:
+        return None
+    database.check_same_passphrase(key)
+    database.references += 1
+    return database
 
 
 def inspect_file(
@@ -79,7 +122,7 @@ def inspect_file(
         check_passphrase(key)
         resolved = resolve_path(path)
         with _registry_lock:
-            if resolved in _registry:
+            if resolved in _registry or resolved in _opening:
                 raise CitadelSessionError(
                     f"{resolved} is open in this process; call verify() on its store instead."
                 )
@@ -128,7 +171,8 @@ def _after_fork_in_parent() -> None:
 def _after_fork_in_child() -> None:
     global _registry_lock
     _registry_lock = threading.Lock()  # the parent's is held by the forking thread
-    # Files being closed are inherited too; `acquire` must refuse them like open ones.
+    # Files being closed are inherited too; `acquire` must refuse them like open ones (and
+    # those being opened: their entries in `_opening` name the parent).
     for database in _closing:
         _registry.setdefault(database.path, database)
     _closing.clear()
