@@ -6,7 +6,7 @@ hook, probed with `getattr`). Without it, or when it answers None, the SDK repla
 whole history with ``clear_session()`` then ``add_items()``, and a crash between the two
 loses it all. Here the snapshot is the newest `limit` items with their atom ids, and its
 ``replace_suffix(start, output)`` compares them with what is stored and replaces them in
-one crash-safe replacement (storage/compaction.py), as `SQLiteSession`'s does in one
+one crash-safe replacement (storage/suffix.py), as `SQLiteSession`'s does in one
 transaction: False, and nothing changed, when the suffix changed since the snapshot.
 
 A private hook can change shape in any release. A call this module does not recognise,
@@ -21,10 +21,13 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .storage.codec import decode_item, decode_items, encode_item, is_user_message, search_text
+from .storage.codec import decode_item, decode_items, encode_batch
 
 if TYPE_CHECKING:
-    from .store import CitadelSessionStore
+    from .serving.shared import SharedFile
+
+# When an item written now expires (the store's TTL), in µs since the epoch, or None.
+ExpiresAt = Callable[[], "int | None"]
 
 SNAPSHOT_FIELDS = ("items", "complete", "replace_suffix")  # `_CompactionSnapshot`, openai-agents 0.24
 _EVERYTHING = 2**62  # "every item" for `newest_rows`
@@ -45,7 +48,8 @@ def snapshot_type() -> Any | None:
 
 
 async def compaction_snapshot(
-    store: CitadelSessionStore,
+    file: SharedFile,
+    expires_at: ExpiresAt,
     session_id: str,
     limit: Any,
     prune_prefix: Callable[[Any], bool] | None,
@@ -57,7 +61,6 @@ async def compaction_snapshot(
         return None
     if prune_prefix is not None and not callable(prune_prefix):
         return None
-    file = store._file
     rows, complete = await asyncio.to_thread(file.newest_rows, session_id, limit)
     items = decode_items([payload for _, payload in rows])
 
@@ -65,13 +68,16 @@ async def compaction_snapshot(
         expected = rows[start:]
         if not expected:
             return False
-        return await asyncio.to_thread(replace, store, session_id, expected, list(output), prune_prefix)
+        return await asyncio.to_thread(
+            replace, file, expires_at, session_id, expected, list(output), prune_prefix
+        )
 
     return snapshot(items, complete, replace_suffix)
 
 
 def replace(
-    store: CitadelSessionStore,
+    file: SharedFile,
+    expires_at: ExpiresAt,
     session_id: str,
     expected: list[tuple[int, str]],
     output: list[Any],
@@ -82,36 +88,32 @@ def replace(
     With `prune_prefix`, the oldest items it calls True (up to the first it does not)
     are erased in the same replacement, as `SQLiteSession` deletes them in its transaction.
     """
-    payloads = [encode_item(item, position) for position, item in enumerate(output)]
-    texts = [search_text(item) for item in output]
-    from_user = [is_user_message(item) for item in output]
-    prune = _expired_prefix(store, session_id, expected[0][0], prune_prefix) if prune_prefix else []
-    return store._file.replace_suffix(
-        session_id, expected, payloads, texts, from_user, store._expires_at(), prune
-    )
+    payloads, texts, from_user = encode_batch(output)
+    prune = _expired_prefix(file, session_id, expected[0][0], prune_prefix) if prune_prefix else []
+    return file.replace_suffix(session_id, expected, payloads, texts, from_user, expires_at(), prune)
 
 
-def replace_all(store: CitadelSessionStore, session_id: str, output: list[Any]) -> bool:
+def replace_all(file: SharedFile, expires_at: ExpiresAt, session_id: str, output: list[Any]) -> bool:
     """The whole history replaced by `output` in one crash-safe replacement (``_atomic_replace_items``).
 
     False when it changed between the read and the replacement (the SDK then falls back).
     """
-    rows, _ = store._file.newest_rows(session_id, _EVERYTHING)
+    rows, _ = file.newest_rows(session_id, _EVERYTHING)
     if not rows:
         if output:
-            store._add_items(session_id, output)
+            file.append(session_id, *encode_batch(output), expires_at())
         return True
-    return replace(store, session_id, rows, output)
+    return replace(file, expires_at, session_id, rows, output)
 
 
 def _expired_prefix(
-    store: CitadelSessionStore, session_id: str, before: int, prune_prefix: Callable[[Any], bool]
+    file: SharedFile, session_id: str, before: int, prune_prefix: Callable[[Any], bool]
 ) -> list[int]:
     """The ids of the oldest items `prune_prefix` calls True, up to the first it does not (or `before`)."""
     pruned: list[int] = []
     after = 0
     while True:
-        rows = store._file.oldest_rows(session_id, after, before, _PRUNE_PAGE)
+        rows = file.oldest_rows(session_id, after, before, _PRUNE_PAGE)
         for atom, payload in rows:
             if not prune_prefix(decode_item(payload)):
                 return pruned

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from agents.memory import SessionSettings
 from agents.memory.session_settings import resolve_session_limit
 
-from .compaction import compaction_snapshot, replace_all
 from .errors import SessionClosedError
+from .results import HistoryHit
 from .store import CitadelSessionStore
 from .tool import search_tool
 
@@ -155,12 +155,12 @@ class CitadelSession:
         """
         self._check_open()
         unexpected = bool(args or kwargs)
-        return await compaction_snapshot(self._store, self.session_id, limit, prune_prefix, unexpected)
+        return await self._store._compaction_snapshot(self.session_id, limit, prune_prefix, unexpected)
 
     async def _atomic_replace_items(self, items: list[TResponseInputItem]) -> bool:
         """The SDK's private hook for a manual ``run_compaction()``: every item replaced at once, crash-safe."""
         self._check_open()
-        replace = asyncio.to_thread(replace_all, self._store, self.session_id, list(items))
+        replace = asyncio.to_thread(self._store._replace_all, self.session_id, list(items))
         return await _complete_despite_cancellation(replace)
 
     def search_tool(self, name: str = "search_history", limit: int = 5) -> FunctionTool:
@@ -173,7 +173,12 @@ class CitadelSession:
         another session's items or expired ones.
         """
         self._check_open()
-        return search_tool(self, name=name, limit=limit)
+        return search_tool(self._search_placed, name=name, limit=limit)
+
+    async def _search_placed(self, query: str, limit: int) -> tuple[list[HistoryHit], int]:
+        """The search tool's hits, with their positions, and how many items the session holds."""
+        self._check_open()
+        return await asyncio.to_thread(self._store._search_with_positions, self.session_id, query, limit)
 
     def close(self) -> None:
         """Close this session (and its store when the session opened it). Idempotent."""

@@ -12,20 +12,20 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from .compaction import compaction_snapshot, replace_all
 from .embedders.protocol import EmbedderIdentity
 from .embedders.providers import resolve_embedder
 from .errors import SessionClosedError, SessionNotFoundError
-from .migration.move import move_sessions
-from .migration.plan import IMPORT_MODES, ImportMode, import_chunks
 from .options import DEFAULT_SYNC_MODE, Argon2Profile, SyncMode, check_passphrase, check_ttl
 from .results import Erasure, HistoryHit, IntegrityReport, MoveSummary, Progress, SessionSummary
 from .serving.protocol import Terms
 from .serving.shared import SharedFile
 from .storage.codec import decode_item, decode_items, encode_batch, search_text
 from .storage.local import database_options
+from .transfer.chunks import IMPORT_MODES, ImportMode, import_chunks
+from .transfer.moves import move_sessions
 
 if TYPE_CHECKING:
     # Imported for annotations only: the operator CLI never needs the Agents SDK loaded.
@@ -43,7 +43,8 @@ class CitadelSessionStore:
             directory must exist). A relative path resolves against the working
             directory. Creating a file is logged at INFO (logger
             ``citadeldb_openai_agents``) with its absolute path.
-        key: The passphrase. Used to open the file and then forgotten.
+        key: The passphrase. Kept for the store's life in a private buffer zeroed on close
+            (taking the file over from an owner that went means opening it again).
         embedder: Embeds item text for `CitadelSession.search`; default
             ``citadeldb.MockEmbedder(dim=128)`` (no download). Any object with
             ``dim``, ``metric``, ``model_id`` and ``embed_with_cancel`` works; one
@@ -241,7 +242,7 @@ class CitadelSessionStore:
     ) -> ImportSummary:
         """Import items into a session, verbatim and in order; a rerun resumes, never duplicates.
 
-        Written in atomic chunks of 256 items whose ids derive from this import (migration/plan.py).
+        Written in atomic chunks of 256 items whose ids derive from this import (transfer/chunks.py).
         `mode`: "new" refuses a session that holds other items than this import's, "append" adds
         after them, "replace" erases them first. `progress(items done, items)` after each chunk.
 
@@ -261,7 +262,7 @@ class CitadelSessionStore:
     ) -> MoveSummary:
         """Move a session to `other` (another file): copy, compare item by item, then erase it here.
 
-        Safe to interrupt anywhere (migration/move.py): the session is left whole here, or whole
+        Safe to interrupt anywhere (transfer/moves.py): the session is left whole here, or whole
         in both files with the erase still to do, never in neither; run it again to finish. The
         copy resumes where it stopped; the erase, with its receipt, happens only if this file
         still holds exactly the items compared. A session no longer here but in `other` is a
@@ -348,12 +349,7 @@ class CitadelSessionStore:
     def __enter__(self) -> CitadelSessionStore:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
@@ -361,7 +357,8 @@ class CitadelSessionStore:
         return f"<CitadelSessionStore {self.path!r} ttl={self._ttl} {state}>"
 
     def _check_process(self) -> None:
-        """Raise `ForkedStoreError` in a process forked from the one that opened the store."""
+        """Raise `ForkedStoreError` in a process forked from the one that opened the store (or
+        make this forked child a client of the parent that serves the file)."""
         self._file.check_process()
 
     def _check_open(self) -> None:
@@ -374,6 +371,12 @@ class CitadelSessionStore:
     def _expires_at(self) -> int | None:
         """When an item written now expires (µs since the epoch), or None."""
         return None if self._ttl is None else int((time.time() + self._ttl) * 1_000_000)
+
+    async def _compaction_snapshot(self, session_id: str, limit: Any, prune: Any, unexpected: bool) -> Any:
+        return await compaction_snapshot(self._file, self._expires_at, session_id, limit, prune, unexpected)
+
+    def _replace_all(self, session_id: str, items: list[Any]) -> bool:
+        return replace_all(self._file, self._expires_at, session_id, items)
 
     def _add_items(self, session_id: str, items: list[Any]) -> None:
         self._file.append(session_id, *encode_batch(items), self._expires_at())

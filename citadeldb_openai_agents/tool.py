@@ -8,15 +8,15 @@ text: each hit's position in the session, who said it, and its text.
 
 from __future__ import annotations
 
-import asyncio
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from agents import FunctionTool, function_tool
 
 from .results import HistoryHit
 
-if TYPE_CHECKING:
-    from .session import CitadelSession
+# A session's search: (query, limit) -> its hits with their positions, and its item count.
+SearchPlaced = Callable[[str, int], Awaitable[tuple[list[HistoryHit], int]]]
 
 DESCRIPTION = (
     "Search the earlier turns of this conversation, including those no longer in your context. "
@@ -27,16 +27,13 @@ _SHOWN = 1_000  # characters of an item's text shown; the rest is cut
 _ROLES = {"function_call": "tool call", "function_call_output": "tool output", "reasoning": "reasoning"}
 
 
-def search_tool(session: CitadelSession, *, name: str, limit: int) -> FunctionTool:
-    """A `FunctionTool` named `name` that returns `session`'s `limit` best matches for a query."""
+def search_tool(search_placed: SearchPlaced, *, name: str, limit: int) -> FunctionTool:
+    """A `FunctionTool` named `name` that answers with a session's `limit` best matches for a query."""
     if limit <= 0:
         raise ValueError(f"limit must be at least 1, not {limit}")
 
     async def search(query: str) -> str:
-        session._check_open()
-        hits, held = await asyncio.to_thread(
-            session.store._search_with_positions, session.session_id, query, limit
-        )
+        hits, held = await search_placed(query, limit)
         return describe(query, hits, held)
 
     return function_tool(search, name_override=name, description_override=DESCRIPTION)

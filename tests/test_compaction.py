@@ -245,7 +245,7 @@ async def test_a_replacement_interrupted_is_undone_or_finished_when_the_file_ope
 ) -> None:
     """The crash test's two outcomes, each made certain: a process dies right before the new items
     are written (the record announces the replacement), or right after (nothing is erased yet)."""
-    from citadeldb_openai_agents.storage import compaction
+    from citadeldb_openai_agents.storage import suffix as compaction
 
     store = make_store()
     session = store.session("s")

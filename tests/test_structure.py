@@ -33,6 +33,28 @@ CLI_ALLOWED = {
     "citadeldb_openai_agents.demo",
 }
 MAX_LINES = 420  # "no module over about 400 lines"
+MAX_FUNCTION_LINES = 50
+DESIGN = PACKAGE.parent / "docs" / "design.md"
+# The package's layers, lowest first (each the top-level module or subpackage's name): a
+# module imports only from its own layer or lower ones, counting imports made inside
+# functions and under TYPE_CHECKING too. docs/design.md states the same order.
+LAYERS = [
+    {"errors", "results", "hints", "options"},
+    {"embedders"},
+    {"storage"},
+    {"serving"},
+    {"compaction", "transfer"},
+    {"store", "offline"},
+    {"tool"},
+    {"session"},
+    {"demo", "migration"},
+    {"config"},
+    {"__init__"},
+    {"cli"},
+    {"__main__"},
+]
+# The one import up: `store.session()` returns a CitadelSession (imported when called).
+UPWARD = {("citadeldb_openai_agents.store", "citadeldb_openai_agents.session")}
 
 
 def module_name(path: Path) -> str:
@@ -42,6 +64,25 @@ def module_name(path: Path) -> str:
 
 def modules() -> dict[str, Path]:
     return {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def every_import(path: Path) -> set[str]:
+    """Every module `path` imports: at module level, inside functions and under TYPE_CHECKING."""
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    tree = ast.parse(path.read_text(), str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found |= targets(node, package)
+    return found
+
+
+def layer(name: str) -> int:
+    part = name.split(".")[1] if "." in name else "__init__"
+    for rank, members in enumerate(LAYERS):
+        if part in members:
+            return rank
+    raise AssertionError(f"{name} is in no layer of LAYERS")
 
 
 def imports(path: Path) -> tuple[set[str], set[str]]:
@@ -153,4 +194,70 @@ def test_no_module_is_much_over_400_lines() -> None:
     long = {
         name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES
     }
+    assert not long, long
+
+
+def test_every_import_goes_down_the_layers() -> None:
+    """No design-level cycle: TYPE_CHECKING and deferred imports count as much as any other."""
+    known = modules()
+    upward = sorted(
+        (name, target)
+        for name, path in known.items()
+        for target in every_import(path)
+        if target in known and layer(target) > layer(name) and (name, target) not in UPWARD
+    )
+    assert not upward, f"imports up the layers: {upward}"
+
+
+def test_design_md_states_the_layers_in_this_order() -> None:
+    stated = next(
+        line for line in DESIGN.read_text().splitlines() if line.startswith("Layers, lowest first:")
+    )
+    expected = " < ".join(", ".join(f"`{name}`" for name in sorted(members)) for members in LAYERS)
+    assert stated == f"Layers, lowest first: {expected}.", stated
+
+
+def design_file_list() -> set[str]:
+    """The modules docs/design.md's file list names, as paths inside the package."""
+    text = DESIGN.read_text()
+    block = text.split("```\n" + ROOT + "/\n", 1)[1].split("```", 1)[0]
+    listed: set[str] = set()
+    folders: list[tuple[int, str]] = []
+    for line in block.splitlines():
+        stripped = line.lstrip()
+        if not stripped:
+            continue
+        indent, name = len(line) - len(stripped), stripped.split()[0]
+        if not name.endswith((".py", "/")):
+            continue  # a description's second line
+        folders = [(depth, folder) for depth, folder in folders if depth < indent]
+        prefix = "".join(folder for _, folder in folders)
+        if name.endswith("/"):
+            folders.append((indent, name))
+        else:
+            listed.add(prefix + name)
+    return listed
+
+
+def test_design_md_lists_every_module_and_no_other() -> None:
+    tree = {
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if path.name != "__init__.py" or path.parent == PACKAGE
+    }
+    listed = design_file_list()
+    assert listed == tree, (
+        f"missing from docs/design.md: {sorted(tree - listed)}; gone: {sorted(listed - tree)}"
+    )
+
+
+def test_no_function_is_over_50_lines() -> None:
+    long = sorted(
+        (node.end_lineno - node.lineno + 1, f"{name}.{node.name}")
+        for name, path in modules().items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    )
     assert not long, long

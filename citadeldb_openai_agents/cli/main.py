@@ -67,6 +67,7 @@ def _add_operations(subcommands: Any) -> None:
     as_json.add_argument("--json", action="store_true", help="print JSON instead of text")
 
     def add(name: str, summary: str, call: str, details: str, *parents: Any) -> Any:
+        """A subcommand whose help names the library call it makes."""
         parser = subcommands.add_parser(
             name,
             parents=[config, *parents],
@@ -76,6 +77,14 @@ def _add_operations(subcommands: Any) -> None:
         parser.set_defaults(library_call=call)
         return parser
 
+    _add_reads(add, as_json)
+    _add_import(add, as_json)
+    _add_erasures(add, as_json)
+    _add_file_operations(add, as_json)
+
+
+def _add_reads(add: Any, as_json: Any) -> None:
+    """sessions and export: what the file holds."""
     add(
         "sessions",
         "list every session with its item count and first and last write",
@@ -111,6 +120,9 @@ def _add_operations(subcommands: Any) -> None:
     export.add_argument("--all", metavar="DIR", dest="all_dir", help="one JSON Lines file per session in DIR")
     export.set_defaults(run=commands.export)
 
+
+def _add_import(add: Any, as_json: Any) -> None:
+    """import: sessions from the SDK's files or JSON Lines."""
     source = add(
         "import",
         "import sessions from an Agents SDK session file or an exported JSON Lines file",
@@ -154,6 +166,9 @@ def _add_operations(subcommands: Any) -> None:
     )
     source.set_defaults(run=commands.import_, mode="new")
 
+
+def _add_erasures(add: Any, as_json: Any) -> None:
+    """erase, move and purge: what erases sessions or items, with receipts."""
     erase = add(
         "erase",
         "erase sessions cryptographically and print the receipt",
@@ -194,6 +209,9 @@ def _add_operations(subcommands: Any) -> None:
         "Expired items are already invisible; this destroys their keys.",
     ).set_defaults(run=commands.purge)
 
+
+def _add_file_operations(add: Any, as_json: Any) -> None:
+    """rotate-key, backup, reembed, verify and serve: the whole file."""
     rotate = add(
         "rotate-key",
         "change the passphrase; the old one stops opening the file",

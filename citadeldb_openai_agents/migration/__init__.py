@@ -1,6 +1,8 @@
 """Sessions in and out of a Citadel file: the SDK's own files, JSON Lines, and any SDK session.
 
-* plan.py: an import as deterministic chunks, and where a rerun resumes;
+They stand on the store's public API; the chunks an import writes and the moves between
+files, which the store itself runs on its file, are in transfer/.
+
 * sdk_files.py: `agents.SQLiteSession` / `AdvancedSQLiteSession` files, read and written;
 * jsonl.py: the export command's JSON Lines, one file or one per session;
 * copy.py: `copy_session`, from any SDK session to any other;

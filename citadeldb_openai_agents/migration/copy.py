@@ -2,7 +2,7 @@
 
 Any two objects with the SDK's `Session` protocol work (SQLiteSession, Redis, SQLAlchemy,
 EncryptedSession, ours). Into a `CitadelSession` it is `store.import_items`; into any other
-session the same plan is followed with the protocol's own calls (plan.py).
+session the same plan is followed with the protocol's own calls (transfer/chunks.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import SessionNotEmptyError
 from ..results import ImportSummary
 from ..store import CitadelSessionStore
-from .plan import CHUNK, IMPORT_MODES, ImportMode, as_stored, plan
+from ..transfer.chunks import CHUNK, IMPORT_MODES, ImportMode, as_stored, plan
 
 
 async def copy_session(source: Any, target: Any, *, mode: ImportMode = "new") -> ImportSummary:

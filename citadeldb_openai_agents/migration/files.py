@@ -16,8 +16,8 @@ from typing import Any
 from ..errors import ImportSourceError, SessionNotEmptyError, SessionNotFoundError
 from ..results import ExportSummary, ImportReport, ImportSummary, Progress
 from ..store import CitadelSessionStore
+from ..transfer.chunks import CHUNK, IMPORT_MODES, ImportMode, as_stored, plan
 from .jsonl import JsonlSource, write_session_files
-from .plan import CHUNK, IMPORT_MODES, ImportMode, as_stored, plan
 from .sdk_files import MESSAGES_TABLE, SESSIONS_TABLE, SqliteSource, is_sqlite, write_sqlite_file
 
 

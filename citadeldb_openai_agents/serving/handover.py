@@ -91,26 +91,32 @@ def attach(opening: Opening, mode: Mode, deadline: float) -> Transport:
                     socket_path(opening.resolved), mode.key, opening.hello(), opening.resolved
                 )
             except OwnerGone:
-                if parent is not None and (gone(parent) or time.monotonic() > deadline):
-                    # Its children keep the lock it held through their inherited copies: no one
-                    # can take the file over, so there is no handover to wait for once it is gone.
-                    raise refusals.parent_gone(
-                        opening.resolved, parent, gone(parent), HANDOVER_SECONDS
-                    ) from None
-                holder = locked.holder
-                opener = holder is not None and hosting.is_opening(opening.resolved, holder.pid)
-                if opener:
-                    # A big file takes seconds to open (its audit reads every row): the holder
-                    # is on its way to serving it, so wait for it rather than a fixed time.
-                    deadline = max(deadline, min(time.monotonic() + HANDOVER_SECONDS, patience))
-                if time.monotonic() > deadline:
-                    waited = OPENING_SECONDS if opener else HANDOVER_SECONDS
-                    raise refusals.never_served(locked, waited, opening=opener) from None
+                deadline = _still_waiting(opening.resolved, locked, parent, deadline, patience)
                 time.sleep(0.02)
                 continue
             _agree(opening, remote)
             opening.path = opening.resolved
             return remote
+
+
+def _still_waiting(
+    resolved: str, locked: DatabaseLockedError, parent: int | None, deadline: float, patience: float
+) -> float:
+    """The deadline to keep waiting for an owner to serve the file by, or the error for waiting no more."""
+    if parent is not None and (gone(parent) or time.monotonic() > deadline):
+        # Its children keep the lock it held through their inherited copies: no one can
+        # take the file over, so there is no handover to wait for once it is gone.
+        raise refusals.parent_gone(resolved, parent, gone(parent), HANDOVER_SECONDS) from None
+    holder = locked.holder
+    opener = holder is not None and hosting.is_opening(resolved, holder.pid)
+    if opener:
+        # A big file takes seconds to open (its audit reads every row): the holder is on
+        # its way to serving it, so wait for it rather than a fixed time.
+        deadline = max(deadline, min(time.monotonic() + HANDOVER_SECONDS, patience))
+    if time.monotonic() > deadline:
+        waited = OPENING_SECONDS if opener else HANDOVER_SECONDS
+        raise refusals.never_served(locked, waited, opening=opener) from None
+    return deadline
 
 
 def _owned(opening: Opening, mode: Mode, local: LocalFile) -> LocalTransport:

@@ -153,7 +153,7 @@ class SharedFile:
         return self._call(ops.OLDEST_ROWS, session_id, after, before, limit)
 
     def replace_suffix(self, session_id: str, *args: Any) -> bool:
-        """`storage.compaction.replace_suffix` under a new batch id: safe to send again."""
+        """`storage.suffix.replace_suffix` under a new batch id: safe to send again."""
         return self._call(ops.REPLACE_SUFFIX, session_id, *args, uuid.uuid4().hex)
 
     def newest(self, session_id: str, limit: int) -> list[str]:

@@ -30,7 +30,7 @@ from ..errors import (
     WrongPassphraseError,
 )
 from ..results import Erasure, IntegrityReport, Progress, ReembedSummary, SessionIntegrity
-from . import compaction, reads, registry, writes
+from . import reads, registry, suffix, writes
 from .audit import ATOM_KEYS, audit, check_before_memory, inventory_of
 from .completeness import now_micros
 from .engine import OpenDatabase, audit_chain, backup_with_audit, database_options, rotate
@@ -126,14 +126,14 @@ class LocalFile:
         self._on(session_id, writes.clear_through, atom)
 
     def newest_rows(self, session_id: str, limit: int) -> tuple[list[tuple[int, str]], bool]:
-        return self._on(session_id, compaction.newest_rows, limit)
+        return self._on(session_id, suffix.newest_rows, limit)
 
     def oldest_rows(self, session_id: str, after: int, before: int, limit: int) -> list[tuple[int, str]]:
-        return self._on(session_id, compaction.oldest_rows, after, before, limit)
+        return self._on(session_id, suffix.oldest_rows, after, before, limit)
 
     def replace_suffix(self, session_id: str, *args: Any) -> bool:
-        """`compaction.replace_suffix`: expected rows, payloads, texts, from_user, expires_at, prune, batch, resent."""
-        return self._on(session_id, compaction.replace_suffix, *args)
+        """`suffix.replace_suffix`: expected rows, payloads, texts, from_user, expires_at, prune, batch, resent."""
+        return self._on(session_id, suffix.replace_suffix, *args)
 
     def newest(self, session_id: str, limit: int) -> list[str]:
         return self._on(session_id, reads.newest, limit)
@@ -399,7 +399,7 @@ def _shared_layout(database: OpenDatabase, embedder: Embedder) -> SessionLayout:
                     database.region_writes,
                     database.path,
                 )
-                compaction.recover(layout, memory)  # before any read: old suffix or new, never both
+                suffix.recover(layout, memory)  # before any read: old suffix or new, never both
             database.layout = layout
             database.before_close = lambda memory: store_all_pending(layout, memory)
         elif layout.identity != EmbedderIdentity.of(embedder):

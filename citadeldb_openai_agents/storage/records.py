@@ -72,7 +72,7 @@ class CatalogRecord:
     next_segment: int = 0
     erasing: list[int] = field(default_factory=list)
     clearing: bool = False
-    # The batch id of a replacement under way (compaction.py): its new items and this id
+    # The batch id of a replacement under way (suffix.py): its new items and this id
     # are written in one batch, then the items in `erasing` are forgotten.
     replacing: str | None = None
 

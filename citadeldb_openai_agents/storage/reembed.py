@@ -50,22 +50,8 @@ def reembed_file(
         question = ""  # carried across a session's segments, in order
         for number in sorted(numbers):
             region = segment_name(hid, number)
-            # Reading the items needs the region attached, to the model it was written with.
-            memory.create_encrypted_region(region, _StoredModel(stored[region]))
-            hits = memory.fetch(region, ITEM_KIND, limit=ALL)
-            decoded = [decode_item(hit.payload) for hit in hits]
-            texts = [search_text(item) for item in decoded]  # not hit.text: older files hold question+own
-            users = [is_user_message(item) for item in decoded]
-            contexts, question = in_contexts(question, texts, users)
-            vectors = embed_documents(embedder, contexts, _STOPPED) if hits else []
-            by_text: dict[str, deque[list[float]]] = {}
-            for hit, vector in zip(hits, vectors, strict=True):
-                by_text.setdefault(hit.text, deque()).append(vector)
-            memory.reembed_region(region, _Precomputed(embedder, by_text))
-            _rebuild_search_data(
-                memory, region, embedder, hits, derive(vectors, texts, users, embedder.metric)
-            )
-            items += len(hits)
+            count, question = _reembed_segment(memory, embedder, region, stored[region], question)
+            items += count
             done += 1
             if progress is not None:
                 progress(done, total)
@@ -79,6 +65,26 @@ def reembed_file(
         meta["embedder"] = EmbedderIdentity.of(embedder).__dict__
         memory.update_atom_payload(META_REGION, found[0].id, meta)
     return total + len(others), items
+
+
+def _reembed_segment(
+    memory: Memory, embedder: Embedder, region: str, stored: Any, question: str
+) -> tuple[int, str]:
+    """One segment's vectors and search data made anew; (its items, the last user message so far)."""
+    # Reading the items needs the region attached, to the model it was written with.
+    memory.create_encrypted_region(region, _StoredModel(stored))
+    hits = memory.fetch(region, ITEM_KIND, limit=ALL)
+    decoded = [decode_item(hit.payload) for hit in hits]
+    texts = [search_text(item) for item in decoded]  # not hit.text: older files hold question+own
+    users = [is_user_message(item) for item in decoded]
+    contexts, question = in_contexts(question, texts, users)
+    vectors = embed_documents(embedder, contexts, _STOPPED) if hits else []
+    by_text: dict[str, deque[list[float]]] = {}
+    for hit, vector in zip(hits, vectors, strict=True):
+        by_text.setdefault(hit.text, deque()).append(vector)
+    memory.reembed_region(region, _Precomputed(embedder, by_text))
+    _rebuild_search_data(memory, region, embedder, hits, derive(vectors, texts, users, embedder.metric))
+    return len(hits), question
 
 
 class _StoredModel:

@@ -28,7 +28,7 @@ from .codec import (
 from .completeness import now_micros
 from .reads import all_items, newest, newest_hit, newest_in
 from .records import CATALOG_REGION
-from .search_blocks import block_atom, derive, placeholder_vector
+from .search_blocks import Entries, block_atom, derive, placeholder_vector
 from .segments import ALL, SEGMENT_CAPACITY, SessionLayout, SessionState
 
 
@@ -64,24 +64,8 @@ def append(
     entries = derive(vectors, texts, from_user, layout.identity.metric)
     if expires_at is not None:
         erase_expired_head(layout, memory, state)
-    atoms: list[dict[str, object]] = [
-        {"kind": ITEM_KIND, "text": text, "embedding": vector, "payload": payload}
-        for payload, text, vector in zip(payloads, texts, vectors, strict=True)
-    ]
-    if expires_at is not None:
-        for atom in atoms:
-            atom["expires_at"] = expires_at
-    # The batch's search data, in the same commit: it is written, and erased, with the items.
-    atoms.append(block_atom(entries, layout.identity.dim, expires_at, own=True))
-    if batch is not None:
-        vector = placeholder_vector(layout.identity.dim)
-        atoms.append({"kind": BATCH_KIND, "text": "batch", "embedding": vector, "payload": {"batch": batch}})
-    if not state.segments or layout.tail_stored(memory, state) >= SEGMENT_CAPACITY:
-        for number in [n for n, index in state.search.items() if index.pending]:
-            search_upkeep.store_pending(layout, memory, state, number)
-        region = layout.open_segment(memory, state)
-    else:
-        region = layout.region(memory, state, state.segments[-1])
+    atoms = _batch_atoms(payloads, texts, vectors, entries, layout.identity.dim, expires_at, batch)
+    region = _tail_region(layout, memory, state)
     number = state.segments[-1]
     # Entries a pop left without a block go in the same commit, instead of one of their own.
     pending, pending_atoms = search_upkeep.pending_atoms(layout, state, number)
@@ -95,13 +79,59 @@ def append(
         memory.update_atom_payload(region, block, payload)
     flushed = list(zip(pending, written[len(atoms) :], strict=True))
     search_upkeep.appended(layout, state, number, entries.with_ids(ids), block, expires_at, flushed)
-    if state.tail_ids is not None:
-        state.tail_ids.extend(ids)
-    if kept is not None:
-        kept.update(dict.fromkeys(ids, expires_at))
-        layout.completeness.keep(state, number, kept, dict(zip(ids, payloads, strict=True)))
-    state.tail_stored += len(ids)
+    _count_appended(layout, state, number, kept, dict(zip(ids, payloads, strict=True)), expires_at)
     state.last_question = question
+
+
+def _count_appended(
+    layout: SessionLayout,
+    state: SessionState,
+    number: int,
+    kept: dict[int, int | None] | None,
+    appended: dict[int, str],
+    expires_at: int | None,
+) -> None:
+    """The tail's ids and count, and the segment's kept rows, with the batch just written."""
+    if state.tail_ids is not None:
+        state.tail_ids.extend(appended)
+    if kept is not None:
+        kept.update(dict.fromkeys(appended, expires_at))
+        layout.completeness.keep(state, number, kept, appended)
+    state.tail_stored += len(appended)
+
+
+def _batch_atoms(
+    payloads: list[str],
+    texts: list[str],
+    vectors: list[list[float]],
+    entries: Entries,
+    dim: int,
+    expires_at: int | None,
+    batch: str | None,
+) -> list[dict[str, object]]:
+    """The atoms of one batch's commit: its items, their search block, and its write marker."""
+    atoms: list[dict[str, object]] = [
+        {"kind": ITEM_KIND, "text": text, "embedding": vector, "payload": payload}
+        for payload, text, vector in zip(payloads, texts, vectors, strict=True)
+    ]
+    if expires_at is not None:
+        for atom in atoms:
+            atom["expires_at"] = expires_at
+    # The batch's search data, in the same commit: it is written, and erased, with the items.
+    atoms.append(block_atom(entries, dim, expires_at, own=True))
+    if batch is not None:
+        vector = placeholder_vector(dim)
+        atoms.append({"kind": BATCH_KIND, "text": "batch", "embedding": vector, "payload": {"batch": batch}})
+    return atoms
+
+
+def _tail_region(layout: SessionLayout, memory: Memory, state: SessionState) -> str:
+    """The region a new batch goes in: the session's last segment, or a new one when it is full."""
+    if state.segments and layout.tail_stored(memory, state) < SEGMENT_CAPACITY:
+        return layout.region(memory, state, state.segments[-1])
+    for number in [n for n, index in state.search.items() if index.pending]:
+        search_upkeep.store_pending(layout, memory, state, number)
+    return layout.open_segment(memory, state)
 
 
 def committed(layout: SessionLayout, memory: Memory, state: SessionState, batch: str) -> bool:

@@ -2,7 +2,7 @@
 
 The order is what makes it safe to interrupt anywhere:
 
-1. copy: the source's items are written to the target in `import_items`' chunks (plan.py),
+1. copy: the source's items are written to the target in `import_items`' chunks (chunks.py),
    whose batch ids derive from the items, so a rerun resumes after the chunks an
    interrupted run wrote, and a chunk sent twice is written once;
 2. compare: both files are read back, and the target must hold exactly the source's items,
@@ -26,7 +26,7 @@ from ..errors import MoveConflictError, SessionNotFoundError
 from ..results import MoveSummary, Progress
 from ..serving.shared import SharedFile
 from ..storage.codec import decode_items, digest, is_user_message, search_text
-from .plan import write_chunks
+from .chunks import write_chunks
 
 
 @dataclass(frozen=True)
