@@ -261,3 +261,22 @@ def test_no_function_is_over_50_lines() -> None:
         and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
     )
     assert not long, long
+
+
+def test_citadeldb_is_pinned_to_the_minor_whose_private_tables_are_read() -> None:
+    import re
+    import sys
+    from importlib.metadata import version
+
+    from citadeldb_openai_agents.storage.inventory import CITADEL_MINOR
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:
+        import tomli as tomllib
+    with (PACKAGE.parent / "pyproject.toml").open("rb") as handle:
+        dependencies = tomllib.load(handle)["project"]["dependencies"]
+    (requirement,) = [d for d in dependencies if re.match(r"citadeldb\b", d)]
+    major, minor = map(int, CITADEL_MINOR.split("."))
+    assert requirement == f"citadeldb>={CITADEL_MINOR}.0,<{major}.{minor + 1}", requirement
+    assert version("citadeldb").startswith(f"{CITADEL_MINOR}."), version("citadeldb")

@@ -30,6 +30,9 @@ import citadeldb
 
 from .codec import ITEM_KIND
 
+# Citadel's private tables, read as citadeldb 2.7 lays them out: pyproject.toml pins that
+# minor (tests/test_structure.py checks the pin and this constant agree).
+CITADEL_MINOR = "2.7"
 ATOM_TABLE_PREFIX = "memory_atoms_"
 REGION_TABLE = "memory_regions"
 _ALL = 2**63 - 1  # the maintenance fetch's default limit is 100
