@@ -88,9 +88,9 @@ def replace(
     With `prune_prefix`, the oldest items it calls True (up to the first it does not)
     are erased in the same replacement, as `SQLiteSession` deletes them in its transaction.
     """
-    payloads, texts, from_user = encode_batch(output)
+    batch = encode_batch(output, expires_at())
     prune = _expired_prefix(file, session_id, expected[0][0], prune_prefix) if prune_prefix else []
-    return file.replace_suffix(session_id, expected, payloads, texts, from_user, expires_at(), prune)
+    return file.replace_suffix(session_id, expected, batch, prune)
 
 
 def replace_all(file: SharedFile, expires_at: ExpiresAt, session_id: str, output: list[Any]) -> bool:
@@ -101,7 +101,7 @@ def replace_all(file: SharedFile, expires_at: ExpiresAt, session_id: str, output
     rows, _ = file.newest_rows(session_id, _EVERYTHING)
     if not rows:
         if output:
-            file.append(session_id, *encode_batch(output), expires_at())
+            file.append(session_id, encode_batch(output, expires_at()))
         return True
     return replace(file, expires_at, session_id, rows, output)
 

@@ -254,7 +254,7 @@ class CitadelSessionStore:
         if mode not in IMPORT_MODES:
             raise ValueError(f"mode must be one of {', '.join(IMPORT_MODES)}, not {mode!r}")
         return import_chunks(
-            self._file, session_id, *encode_batch(list(items)), mode, self._expires_at, progress
+            self._file, session_id, encode_batch(list(items)), mode, self._expires_at, progress
         )
 
     def move_session(
@@ -379,7 +379,7 @@ class CitadelSessionStore:
         return replace_all(self._file, self._expires_at, session_id, items)
 
     def _add_items(self, session_id: str, items: list[Any]) -> None:
-        self._file.append(session_id, *encode_batch(items), self._expires_at())
+        self._file.append(session_id, encode_batch(items, self._expires_at()))
 
     def _get_items(self, session_id: str, limit: int | None) -> list[Any]:
         if limit is None or limit < 0:

@@ -398,6 +398,22 @@ def test_an_authenticated_peer_that_sends_no_call_is_dropped_and_the_owner_goes_
     assert "Traceback" not in log
 
 
+def test_a_batch_whose_lists_disagree_is_refused_and_writes_nothing(service: Service, db_path: Path) -> None:
+    """A batch crosses as one record; its lists must be of one length (else items and their texts would pair wrong)."""
+    assert service.ask("add alice one") == "added"
+    uneven = {"payloads": ['"a"', '"b"'], "texts": ["a"], "from_user": [True, True], "expires_at": None}
+    not_a_batch = ['"a"']
+    for shape in (uneven, not_a_batch):
+        with contextlib.closing(authenticated_peer(db_path, KEY)) as peer:
+            peer.send(["call", "append", ["alice", shape, "b" * 32, False], False])
+            with pytest.raises(EOFError):
+                peer.receive()
+    assert service.ask("count alice") == "1"
+    log = service.stop()
+    assert "differ in length" in log and "expected a dict" in log
+    assert "Traceback" not in log
+
+
 def test_a_long_database_path_still_serves(tmp_path: Path) -> None:
     deep = tmp_path / ("d" * 120) / ("e" * 120)
     deep.mkdir(parents=True)

@@ -30,6 +30,7 @@ from citadeldb_openai_agents import (
 )
 from citadeldb_openai_agents.serving import client as client_module
 from citadeldb_openai_agents.serving.address import Secret, SocketKey, socket_path
+from citadeldb_openai_agents.serving.handshake import VERSION
 from citadeldb_openai_agents.storage.lockholder import find_lock_holder
 
 from conftest import KEY
@@ -44,6 +45,7 @@ from conftest import KEY
 ATTACKER = textwrap.dedent(
     """
     import fcntl, os, select, socket, sys, threading
+    from citadeldb_openai_agents.serving.handshake import VERSION  # the fake speaks the client's version
     role = sys.argv[1]
 
     def listen(address):
@@ -91,7 +93,7 @@ ATTACKER = textwrap.dedent(
             client.settimeout(5)
             try:
                 log.write(client.recv(65536))
-                client.sendall(frame(b"CDLS" + (5).to_bytes(2, "big") + os.urandom(64)))
+                client.sendall(frame(b"CDLS" + VERSION.to_bytes(2, "big") + os.urandom(64)))
                 log.write(client.recv(65536))
             except OSError:
                 pass
@@ -177,7 +179,7 @@ def test_a_fake_owner_records_nothing_that_tests_a_passphrase(
     with pytest.raises(WrongPassphraseError, match="could not prove"):
         CitadelSessionStore(db_path, KEY)
     transcript = recorded.read_bytes()
-    assert transcript[:10] == (38).to_bytes(4, "big") + b"CDLS" + (5).to_bytes(2, "big")
+    assert transcript[:10] == (38).to_bytes(4, "big") + b"CDLS" + VERSION.to_bytes(2, "big")
     assert len(transcript) == 42, "the client sent more than its hello"
     nonce = transcript[10:]
     for candidate in (KEY, "a wrong guess"):
@@ -230,7 +232,7 @@ def test_slow_and_idle_peers_cannot_hold_the_owner(db_path: Path) -> None:
             assert threads < 32 + 10, f"{threads} threads for 80 peers"
             # The first ten trickle a valid hello's first bytes, one a second: each read would
             # wait 5 s for the next byte, but the handshake's deadline is for all of it.
-            hello = (38).to_bytes(4, "big") + b"CDLS" + (5).to_bytes(2, "big")
+            hello = (38).to_bytes(4, "big") + b"CDLS" + VERSION.to_bytes(2, "big")
             for second in range(6):
                 for peer in peers[:10]:
                     with contextlib.suppress(OSError):

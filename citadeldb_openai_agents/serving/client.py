@@ -24,7 +24,7 @@ from ..storage.process import gone
 from .address import SocketKey
 from .channel import Channel
 from .handshake import VERSION, ProofRefused, VersionRefused, client_side, peer_process
-from .operations import Operation, ProtocolError
+from .operations import Operation, ProtocolError, wire_argument
 from .protocol import OWNER_HELLO, ClientHello, OwnerHello, error_from_wire, hello_to_wire
 from .transport import Note, OwnerGone
 
@@ -64,7 +64,7 @@ class RemoteOwner:
         channel = self._take()
         try:
             channel.bound_silence(SILENCE_SECONDS)
-            channel.send(["call", operation.name, list(args), progress is not None])
+            channel.send(["call", operation.name, [wire_argument(a) for a in args], progress is not None])
             while True:
                 reply = channel.receive()
                 if not isinstance(reply, list) or not reply:

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Generic, TypeVar
 
 from ..results import Erasure, IntegrityReport, SessionIntegrity
+from ..storage.codec import Batch
 
 T = TypeVar("T")
 
@@ -159,8 +160,25 @@ class Operation(Generic[T]):
         return tuple(shape(value) for shape, value in zip(self.params, values, strict=True))
 
 
+def batch(value: Any) -> Batch:
+    """A `Batch`: its lists of one length, its expiry an integer or null."""
+    fields = record(
+        dict, payloads=many(text), texts=many(text), from_user=many(flag), expires_at=optional(whole)
+    )
+    checked = fields(value)
+    try:
+        return Batch(**checked)
+    except ValueError as exc:
+        raise ProtocolError(str(exc)) from None
+
+
+def wire_argument(value: Any) -> Any:
+    """An argument as JSON data (a `Batch` as an object; the rest is data already)."""
+    return asdict(value) if isinstance(value, Batch) else value
+
+
 S, N, ITEMS = text, whole, many(text)
-_APPEND = (S, ITEMS, ITEMS, many(flag), optional(whole), S, flag)  # + batch, resent
+_APPEND = (S, batch, S, flag)  # the session, the batch, its id and `resent`
 
 APPEND = Operation[None]("append", _APPEND, nothing, resend=True, batched=True, marks_local=False)
 NEWEST = Operation[list[str]]("newest", (S, N), ITEMS, resend=True)
@@ -182,7 +200,7 @@ NEWEST_ROWS = Operation[tuple[list[tuple[int, str]], bool]](
 OLDEST_ROWS = Operation[list[tuple[int, str]]]("oldest_rows", (S, N, N, N), many(ROW), resend=True)
 REPLACE_SUFFIX = Operation[bool](
     "replace_suffix",
-    (S, many(ROW), ITEMS, ITEMS, many(flag), optional(whole), many(whole), S, flag),
+    (S, many(ROW), batch, many(whole), S, flag),
     flag,
     resend=True,
     batched=True,

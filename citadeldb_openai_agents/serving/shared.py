@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..embedders.protocol import Embedder, EmbedderIdentity
 from ..errors import SessionClosedError, StorageError
 from ..results import Erasure, IntegrityReport, Progress
+from ..storage.codec import Batch
 from ..storage.files import resolve_path
 from ..storage.local import LocalFile
 from . import hosting
@@ -120,31 +121,16 @@ class SharedFile:
 
     # -- one session ----------------------------------------------------------------------
 
-    def append(
-        self,
-        session_id: str,
-        payloads: list[str],
-        texts: list[str],
-        from_user: list[bool],
-        expires_at: int | None,
-    ) -> None:
-        self._call(ops.APPEND, session_id, payloads, texts, from_user, expires_at, uuid.uuid4().hex)
+    def append(self, session_id: str, batch: Batch) -> None:
+        self._call(ops.APPEND, session_id, batch, uuid.uuid4().hex)
 
-    def append_batch(
-        self,
-        session_id: str,
-        payloads: list[str],
-        texts: list[str],
-        from_user: list[bool],
-        expires_at: int | None,
-        batch: str,
-    ) -> None:
+    def append_batch(self, session_id: str, batch: Batch, batch_id: str) -> None:
         """`append` under the caller's batch id, skipped if a batch with that id is already stored.
 
         For a batch the caller may have sent before (an import's chunk, rerun): the id is
         looked for where a batch just written is, the session's last two segments.
         """
-        self._call(ops.APPEND, session_id, payloads, texts, from_user, expires_at, batch, resent=True)
+        self._call(ops.APPEND, session_id, batch, batch_id, resent=True)
 
     def newest_rows(self, session_id: str, limit: int) -> tuple[list[tuple[int, str]], bool]:
         return self._call(ops.NEWEST_ROWS, session_id, limit)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import InvalidItemError
@@ -46,10 +47,49 @@ def encode_item(item: Any, position: int) -> str:
     return text
 
 
-def encode_batch(items: list[Any]) -> tuple[list[str], list[str], list[bool]]:
-    """Items as the file stores them: JSON text, the text search indexes, and who said it."""
+@dataclass(frozen=True)
+class Batch:
+    """Items as the file stores them, written in one commit.
+
+    Each item's JSON text (`payloads`), the text search indexes (`texts`), and whether
+    the user said it (`from_user`), in order; `expires_at` (µs since the epoch) for all
+    of them, or None.
+    """
+
+    payloads: list[str]
+    texts: list[str]
+    from_user: list[bool]
+    expires_at: int | None = None
+
+    def __post_init__(self) -> None:
+        if not len(self.payloads) == len(self.texts) == len(self.from_user):
+            raise ValueError("a batch's payloads, texts and from_user differ in length")
+
+    def __len__(self) -> int:
+        return len(self.payloads)
+
+    def part(self, items: slice, expires_at: int | None) -> Batch:
+        """The items in the slice `items`, expiring at `expires_at`."""
+        return Batch(self.payloads[items], self.texts[items], self.from_user[items], expires_at)
+
+    def expiring(self, expires_at: int | None) -> Batch:
+        return replace(self, expires_at=expires_at)
+
+
+def encode_batch(items: list[Any], expires_at: int | None = None) -> Batch:
+    """Items as the file stores them (`InvalidItemError` naming the first that is not JSON)."""
     payloads = [encode_item(item, position) for position, item in enumerate(items)]
-    return payloads, [search_text(item) for item in items], [is_user_message(item) for item in items]
+    return Batch(
+        payloads, [search_text(item) for item in items], [is_user_message(item) for item in items], expires_at
+    )
+
+
+def batch_of_payloads(payloads: list[str], expires_at: int | None = None) -> Batch:
+    """Items already stored as JSON text (a move's or a copy's), as a batch."""
+    items = decode_items(payloads)
+    return Batch(
+        payloads, [search_text(item) for item in items], [is_user_message(item) for item in items], expires_at
+    )
 
 
 def digest(payloads: list[str]) -> str:

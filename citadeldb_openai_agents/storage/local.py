@@ -32,6 +32,7 @@ from ..errors import (
 from ..results import Erasure, IntegrityReport, Progress, ReembedSummary, SessionIntegrity
 from . import reads, registry, suffix, writes
 from .audit import ATOM_KEYS, audit, check_before_memory, inventory_of
+from .codec import Batch
 from .completeness import now_micros
 from .engine import OpenDatabase, audit_chain, backup_with_audit, database_options, rotate
 from .files import copy_watched, database_files, make_private, private_files, resolve_path
@@ -105,19 +106,12 @@ class LocalFile:
     # -- one session ------------------------------------------------------------------
 
     def append(
-        self,
-        session_id: str,
-        payloads: list[str],
-        texts: list[str],
-        from_user: list[bool],
-        expires_at: int | None,
-        batch: str | None = None,
-        resent: bool = False,
+        self, session_id: str, batch: Batch, batch_id: str | None = None, resent: bool = False
     ) -> None:
-        """Store a batch. `batch` (another process's id for it) is stored with it; `resent`
+        """Store a batch. `batch_id` (another process's id for it) is stored with it; `resent`
         says that process may have sent it before: then a batch already stored is not
         stored again."""
-        self._on(session_id, writes.append, payloads, texts, from_user, expires_at, batch, resent)
+        self._on(session_id, writes.append, batch, batch_id, resent)
 
     def pop_if_newest(self, session_id: str, atom: int) -> str:
         return self._on(session_id, writes.pop_if_newest, atom)
@@ -132,7 +126,7 @@ class LocalFile:
         return self._on(session_id, suffix.oldest_rows, after, before, limit)
 
     def replace_suffix(self, session_id: str, *args: Any) -> bool:
-        """`suffix.replace_suffix`: expected rows, payloads, texts, from_user, expires_at, prune, batch, resent."""
+        """`suffix.replace_suffix`: expected rows, the batch, prune, batch id, resent."""
         return self._on(session_id, suffix.replace_suffix, *args)
 
     def newest(self, session_id: str, limit: int) -> list[str]:

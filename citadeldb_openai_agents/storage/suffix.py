@@ -23,7 +23,7 @@ from __future__ import annotations
 from citadeldb.memory import AtomHit, Memory
 
 from . import search_upkeep
-from .codec import ITEM_KIND
+from .codec import ITEM_KIND, Batch
 from .reads import newest_in
 from .segments import SessionLayout, SessionState
 from .writes import append, committed
@@ -80,31 +80,28 @@ def replace_suffix(
     memory: Memory,
     state: SessionState,
     expected: list[Row],
-    payloads: list[str],
-    texts: list[str],
-    from_user: list[bool],
-    expires_at: int | None,
+    batch: Batch,
     prune: list[int],
-    batch: str,
+    batch_id: str,
     resent: bool = False,
 ) -> bool:
     """Replace the newest items, which must still be `expected`, by the new ones; False (nothing changed) if not.
 
     `prune`: older items to erase in the same replacement (those the caller found
-    expired; the SDK's `prune_prefix`). `batch` names the replacement: sent again
+    expired; the SDK's `prune_prefix`). `batch_id` names the replacement: sent again
     (`resent`) after an owner died without answering, a replacement already made
     answers True and is not made twice.
     """
-    if resent and committed(layout, memory, state, batch):
+    if resent and committed(layout, memory, state, batch_id):
         return True
     if not expected or newest_rows(layout, memory, state, len(expected))[0] != expected:
         return False
     start = expected[0][0]
     record = layout.record(state)
     record.erasing = [atom for atom, _ in expected] + [atom for atom in prune if atom < start]
-    record.replacing = batch
+    record.replacing = batch_id
     layout.write_record(memory, state)  # announced: a crash from here on is explained
-    append(layout, memory, state, payloads, texts, from_user, expires_at, batch)  # the commit point
+    append(layout, memory, state, batch, batch_id)  # the commit point
     _finish(layout, memory, state)
     return True
 

@@ -21,6 +21,7 @@ from .codec import (
     ITEM_KIND,
     QUESTION_LOOKBACK,
     SEARCH_KIND,
+    Batch,
     digest,
     in_contexts,
     latest_question,
@@ -36,16 +37,13 @@ def append(
     layout: SessionLayout,
     memory: Memory,
     state: SessionState,
-    payloads: list[str],
-    texts: list[str],
-    from_user: list[bool],
-    expires_at: int | None,
-    batch: str | None = None,
+    batch: Batch,
+    batch_id: str | None = None,
     resent: bool = False,
 ) -> None:
     """Store one batch atomically, in one segment.
 
-    With `batch` (an id another process chose), a write marker holding it is stored in
+    With `batch_id` (an id another process chose), a write marker holding it is stored in
     the same commit: if that process sends the batch again (`resent`), not knowing
     whether the owner wrote it before dying, `committed` finds it and it is not
     written twice.
@@ -57,14 +55,14 @@ def append(
     index is what a longer text makes a write pay for (+20% a turn), the
     vector costs the same whatever it was computed from.
     """
-    if resent and batch is not None and committed(layout, memory, state, batch):
+    if resent and batch_id is not None and committed(layout, memory, state, batch_id):
         return
-    contextual, question = in_contexts(last_question(layout, memory, state), texts, from_user)
+    contextual, question = in_contexts(last_question(layout, memory, state), batch.texts, batch.from_user)
     vectors = embed_documents(layout.embedder, contextual)
-    entries = derive(vectors, texts, from_user, layout.identity.metric)
-    if expires_at is not None:
+    entries = derive(vectors, batch.texts, batch.from_user, layout.identity.metric)
+    if batch.expires_at is not None:
         erase_expired_head(layout, memory, state)
-    atoms = _batch_atoms(payloads, texts, vectors, entries, layout.identity.dim, expires_at, batch)
+    atoms = _batch_atoms(batch, vectors, entries, layout.identity.dim, batch_id)
     region = _tail_region(layout, memory, state)
     number = state.segments[-1]
     # Entries a pop left without a block go in the same commit, instead of one of their own.
@@ -72,14 +70,15 @@ def append(
     kept = layout.completeness.kept(state, number)
     # A failed batch writes nothing; an empty listed segment is a valid tail.
     written = memory.remember_batch(region, atoms + pending_atoms)
-    ids, block = written[: len(payloads)], written[len(payloads)]
+    ids, block = written[: len(batch)], written[len(batch)]
     if ids != list(range(block - len(ids), block)):
         # The block names its items by position (the ids just before it); these are not.
         payload = block_atom(entries.with_ids(ids), layout.identity.dim, None, own=False)["payload"]
         memory.update_atom_payload(region, block, payload)
     flushed = list(zip(pending, written[len(atoms) :], strict=True))
-    search_upkeep.appended(layout, state, number, entries.with_ids(ids), block, expires_at, flushed)
-    _count_appended(layout, state, number, kept, dict(zip(ids, payloads, strict=True)), expires_at)
+    search_upkeep.appended(layout, state, number, entries.with_ids(ids), block, batch.expires_at, flushed)
+    appended = dict(zip(ids, batch.payloads, strict=True))
+    _count_appended(layout, state, number, kept, appended, batch.expires_at)
     state.last_question = question
 
 
@@ -101,27 +100,21 @@ def _count_appended(
 
 
 def _batch_atoms(
-    payloads: list[str],
-    texts: list[str],
-    vectors: list[list[float]],
-    entries: Entries,
-    dim: int,
-    expires_at: int | None,
-    batch: str | None,
+    batch: Batch, vectors: list[list[float]], entries: Entries, dim: int, batch_id: str | None
 ) -> list[dict[str, object]]:
     """The atoms of one batch's commit: its items, their search block, and its write marker."""
     atoms: list[dict[str, object]] = [
         {"kind": ITEM_KIND, "text": text, "embedding": vector, "payload": payload}
-        for payload, text, vector in zip(payloads, texts, vectors, strict=True)
+        for payload, text, vector in zip(batch.payloads, batch.texts, vectors, strict=True)
     ]
-    if expires_at is not None:
+    if batch.expires_at is not None:
         for atom in atoms:
-            atom["expires_at"] = expires_at
+            atom["expires_at"] = batch.expires_at
     # The batch's search data, in the same commit: it is written, and erased, with the items.
-    atoms.append(block_atom(entries, dim, expires_at, own=True))
-    if batch is not None:
-        vector = placeholder_vector(dim)
-        atoms.append({"kind": BATCH_KIND, "text": "batch", "embedding": vector, "payload": {"batch": batch}})
+    atoms.append(block_atom(entries, dim, batch.expires_at, own=True))
+    if batch_id is not None:
+        marker = {"kind": BATCH_KIND, "text": "batch", "payload": {"batch": batch_id}}
+        atoms.append({**marker, "embedding": placeholder_vector(dim)})
     return atoms
 
 

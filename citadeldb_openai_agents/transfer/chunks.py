@@ -21,7 +21,7 @@ from typing import Any, Literal
 from ..errors import SessionNotEmptyError
 from ..results import ImportSummary, Progress
 from ..serving.shared import SharedFile
-from ..storage.codec import digest, encode_item
+from ..storage.codec import Batch, digest, encode_item
 from ..storage.segments import SEGMENT_CAPACITY
 
 # One segment's worth: each chunk fills a segment of its own in a new session (segments.py).
@@ -81,15 +81,13 @@ def plan(held: list[str], incoming: list[str], mode: ImportMode, chunk: int) -> 
 def import_chunks(
     file: SharedFile,
     session_id: str,
-    payloads: list[str],
-    texts: list[str],
-    from_user: list[bool],
+    batch: Batch,
     mode: ImportMode,
     expires_at: Callable[[], int | None],
     progress: Progress | None,
 ) -> ImportSummary:
     """`CitadelSessionStore.import_items` on its file: plan, refuse or clear, then write each chunk once."""
-    chosen = plan(file.all_items(session_id), payloads, mode, CHUNK)
+    chosen = plan(file.all_items(session_id), batch.payloads, mode, CHUNK)
     if chosen.refused:
         raise SessionNotEmptyError(
             f"session {session_id!r} in {file.path} already holds items other than this import's; "
@@ -98,16 +96,14 @@ def import_chunks(
         )
     if chosen.clear:
         file.clear(session_id)
-    write_chunks(file, session_id, payloads, texts, from_user, chosen.start, expires_at, progress)
-    return ImportSummary(session_id, len(payloads), len(payloads) - chosen.start, chosen.start, chosen.clear)
+    write_chunks(file, session_id, batch, chosen.start, expires_at, progress)
+    return ImportSummary(session_id, len(batch), len(batch) - chosen.start, chosen.start, chosen.clear)
 
 
 def write_chunks(
     file: SharedFile,
     session_id: str,
-    payloads: list[str],
-    texts: list[str],
-    from_user: list[bool],
+    batch: Batch,
     start: int,
     expires_at: Callable[[], int | None],
     progress: Progress | None,
@@ -117,12 +113,12 @@ def write_chunks(
     Chunks are counted from the first item whatever `start` is, so a rerun that starts where
     a run left off sends each chunk under the id the first run sent it under.
     """
-    ids = chunk_ids(session_id, payloads, CHUNK)
+    ids = chunk_ids(session_id, batch.payloads, CHUNK)
     done = start
-    while done < len(payloads):
+    while done < len(batch):
         number = done // CHUNK
-        part = slice(done, min((number + 1) * CHUNK, len(payloads)))
-        file.append_batch(session_id, payloads[part], texts[part], from_user[part], expires_at(), ids[number])
+        part = slice(done, min((number + 1) * CHUNK, len(batch)))
+        file.append_batch(session_id, batch.part(part, expires_at()), ids[number])
         done = part.stop
         if progress is not None:
-            progress(done, len(payloads))
+            progress(done, len(batch))

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from ..errors import MoveConflictError, SessionNotFoundError
 from ..results import MoveSummary, Progress
 from ..serving.shared import SharedFile
-from ..storage.codec import decode_items, digest, is_user_message, search_text
+from ..storage.codec import batch_of_payloads, digest
 from .chunks import write_chunks
 
 
@@ -79,10 +79,8 @@ def _move(
         )
     if not _is_prefix(found.target, found.source):
         raise _conflict(source, target, [found])
-    items = decode_items(found.source)
-    texts, from_user = [search_text(item) for item in items], [is_user_message(item) for item in items]
     start = len(found.target)
-    write_chunks(target, session_id, found.source, texts, from_user, start, expires_at, progress)
+    write_chunks(target, session_id, batch_of_payloads(found.source), start, expires_at, progress)
     copied = target.all_items(session_id)
     if copied != found.source:
         raise MoveConflictError(
