@@ -410,7 +410,7 @@ def test_a_batch_whose_lists_disagree_is_refused_and_writes_nothing(service: Ser
                 peer.receive()
     assert service.ask("count alice") == "1"
     log = service.stop()
-    assert "differ in length" in log and "expected a dict" in log
+    assert "differ in length" in log and "expected a Batch" in log
     assert "Traceback" not in log
 
 

@@ -160,16 +160,18 @@ class Operation(Generic[T]):
         return tuple(shape(value) for shape, value in zip(self.params, values, strict=True))
 
 
+_BATCH = record(
+    Batch, payloads=many(text), texts=many(text), from_user=many(flag), expires_at=optional(whole)
+)
+
+
 def batch(value: Any) -> Batch:
     """A `Batch`: its lists of one length, its expiry an integer or null."""
-    fields = record(
-        dict, payloads=many(text), texts=many(text), from_user=many(flag), expires_at=optional(whole)
-    )
-    checked = fields(value)
     try:
-        return Batch(**checked)
-    except ValueError as exc:
+        result: Batch = _BATCH(value)
+    except ValueError as exc:  # Batch's own check: lists of different lengths
         raise ProtocolError(str(exc)) from None
+    return result
 
 
 def wire_argument(value: Any) -> Any:
