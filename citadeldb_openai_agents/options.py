@@ -42,6 +42,15 @@ def check_ttl(seconds: Any) -> float | None:
     return float(seconds)
 
 
+def format_duration(seconds: float) -> str:
+    """A duration as a person writes it, in the largest unit that divides it: ``30d``, ``2h``, ``90s``."""
+    for unit in ("d", "h", "m"):
+        count = seconds / _UNIT_SECONDS[unit]
+        if count >= 1 and count == int(count):
+            return f"{int(count)}{unit}"
+    return f"{seconds:g}s"
+
+
 def parse_duration(value: Any) -> float | None:
     """A TTL as the settings take it: `check_ttl`'s seconds, or a duration such as ``90s``,
     ``15m``, ``24h``, ``7d``.

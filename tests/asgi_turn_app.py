@@ -71,8 +71,10 @@ if os.environ.get("TURN_APP_HOLD_SWITCH"):
     hold_served_writes(os.environ["TURN_APP_HOLD_SWITCH"])
 
 store = from_config()
-# The process that opened the store closes it at exit (gunicorn's master on SIGTERM); in a
-# forked worker, close only marks the inherited store closed.
+# Closed in the ASGI lifespan's shutdown (each worker's, in uvicorn and gunicorn), where a
+# SIGTERM lands: uvicorn re-raises it once shut down, so atexit never runs there. atexit
+# stays for gunicorn's master, which runs no lifespan. In a forked worker, close only marks
+# the inherited store closed.
 atexit.register(store.close)
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -106,6 +108,7 @@ async def _lifespan(receive: Receive, send: Send) -> None:
         if message["type"] == "lifespan.startup":
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
+            store.close()
             await send({"type": "lifespan.shutdown.complete"})
             return
 

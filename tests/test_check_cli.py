@@ -71,6 +71,7 @@ def test_a_usable_configuration_exits_0_with_every_value_and_its_source(deployed
     assert f"TOML file {deployed / 'citadel.toml'}" in out
     assert "passphrase: verified" in out
     assert "sessions:   1" in out
+    assert re.search(r"^  ttl +7d +TOML file", out, re.MULTILINE), out  # as written, not 604800 s
 
 
 def test_json_reports_sessions_and_the_size_of_the_file_and_its_companions(deployed: Path) -> None:

@@ -54,6 +54,7 @@ from typing import Any
 import pytest
 
 from citadeldb_openai_agents import CitadelSessionStore
+from citadeldb_openai_agents.serving.address import socket_path
 from citadeldb_openai_agents.serving.handover import HANDOVER_SECONDS
 from citadeldb_openai_agents.storage.lockholder import find_lock_holder
 from citadeldb_openai_agents.storage.process import gone
@@ -367,6 +368,22 @@ def assert_every_acknowledged_turn_stored(database: Path, load: Load, erased: st
 
 
 # -- the tests -----------------------------------------------------------------------------
+
+
+def test_uvicorn_stopped_by_sigterm_closes_the_store_in_its_lifespan_and_leaves_no_socket(
+    tmp_path: Path,
+) -> None:
+    """uvicorn re-raises SIGTERM once shut down, so atexit never runs: the app closes the store in its lifespan."""
+    database = tmp_path / "agent.cdl"
+    with serving("uvicorn", tmp_path, database) as server:
+        assert post_turn(server.port, "alice", "hello") == "200"
+        address = socket_path(str(database.resolve()))
+        assert os.path.exists(address)
+        server.process.send_signal(signal.SIGTERM)
+        server.process.wait(TIMEOUT)
+        assert server.process.returncode == 0, server.text()
+        assert not os.path.exists(address), f"the owner left its socket behind:\n{server.text()}"
+        assert find_lock_holder(database) is None
 
 
 @pytest.mark.parametrize("kills", [2, pytest.param(10, marks=pytest.mark.slow)])

@@ -414,6 +414,15 @@ def test_a_batch_whose_lists_disagree_is_refused_and_writes_nothing(service: Ser
     assert "Traceback" not in log
 
 
+def test_an_app_logging_at_info_gets_no_line_per_client_connection(service: Service, db_path: Path) -> None:
+    """Workers open connections by the dozen: those lines are DEBUG (the serve command shows them)."""
+    for _ in range(3):
+        with CitadelSessionStore(db_path, KEY) as client:
+            asyncio.run(client.session("alice").add_items(items("hello")))
+    log = service.stop()
+    assert "serving" in log and "client connected" not in log and "client left" not in log
+
+
 def test_a_long_database_path_still_serves(tmp_path: Path) -> None:
     deep = tmp_path / ("d" * 120) / ("e" * 120)
     deep.mkdir(parents=True)

@@ -568,6 +568,21 @@ def test_a_wrong_passphrase_from_a_file_says_how_the_file_was_read(
     assert caught.value.__cause__ is None and caught.value.__suppress_context__
 
 
+def test_a_wrong_passphrase_without_whitespace_from_a_file_gets_no_whitespace_hint(
+    database: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key_file = write(tmp_path / "citadel.key", "wrong-passphrase\n")
+    monkeypatch.setenv("CITADEL_KEY_FILE", str(key_file))
+
+    with pytest.raises(WrongPassphraseError) as caught:
+        from_config()
+
+    message = str(caught.value)
+    assert f"The passphrase came from the file {key_file} (read as is" in message
+    assert "holds no whitespace" in message and "may be the cause" not in message
+    assert "wrong-passphrase" not in message
+
+
 def test_a_wrong_passphrase_from_a_variable_gets_no_key_file_hint(
     database: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

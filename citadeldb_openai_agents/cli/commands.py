@@ -320,6 +320,7 @@ def verify(args: argparse.Namespace) -> int:
 def serve(args: argparse.Namespace) -> int:
     """Own the file and serve it until SIGTERM or SIGINT (a sidecar, a systemd unit)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    logging.getLogger("citadeldb_openai_agents.connections").setLevel(logging.DEBUG)  # a sidecar shows them
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())

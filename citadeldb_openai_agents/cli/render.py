@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..config import CheckReport
-from ..options import DEFAULT_CACHE_PAGES
+from ..options import DEFAULT_CACHE_PAGES, format_duration
 from ..results import Erasure, ExportSummary, ImportReport, IntegrityReport, MoveSummary, SessionSummary
 
 
@@ -82,7 +82,7 @@ def _text(name: str, value: Any) -> str:
     if isinstance(value, list):
         return ", ".join(value) if value else "none"
     if name == "ttl":
-        return f"{value:g} s"
+        return format_duration(value)
     if isinstance(value, bool):
         return str(value).lower()  # as written in the TOML file and the variables
     return str(value)

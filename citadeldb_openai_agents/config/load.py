@@ -189,6 +189,11 @@ def _key_file_hint(settings: CitadelSettings) -> str | None:
     if origin.kind not in (KEY_FILE, SECRETS_DIRECTORY):
         return None
     passphrase = settings.key.get_secret_value()
+    if not any(character.isspace() for character in passphrase):
+        return (
+            f"The passphrase came from the file {origin.detail} (read as is, one trailing newline "
+            "stripped; it holds no whitespace): check that the file holds this database's passphrase."
+        )
     edges = []
     if passphrase[0].isspace():
         edges.append(f"starts with {_whitespace_name(passphrase[0])}")

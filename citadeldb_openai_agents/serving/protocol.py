@@ -30,6 +30,7 @@ from ..errors import (
     ForkedStoreError,
     StorageError,
 )
+from ..options import format_duration
 from ..results import LockHolder
 from .operations import ProtocolError, flag, optional, pair, record, text, whole
 
@@ -109,7 +110,7 @@ def disagreements(owner: OwnerHello, mine: ClientHello) -> list[str]:
 
 
 def _ttl(ttl: float | None) -> str:
-    return "no ttl (keep forever)" if ttl is None else f"ttl {ttl:g} s"
+    return "no ttl (keep forever)" if ttl is None else f"ttl {format_duration(ttl)}"
 
 
 def _identity(identity: tuple[str, int, str]) -> str:

@@ -40,6 +40,9 @@ from .protocol import (
 )
 
 log = logging.getLogger("citadeldb_openai_agents")
+# Each client connecting and leaving, at DEBUG: a web server's workers open several
+# connections each. The serve command (a sidecar whose job this is) shows them.
+connections = logging.getLogger("citadeldb_openai_agents.connections")
 
 HANDSHAKE_SECONDS = 5.0  # a peer must prove itself and say hello within this, or it is dropped
 MAX_HANDSHAKES = 32  # peers not yet authenticated at once; more are closed on arrival
@@ -157,9 +160,9 @@ class Server:
                 authenticated = hello is not None
                 self._authenticated += authenticated
             if hello is not None:
-                log.info("client connected to %s: %s (%s)", self._file.path, who, hello.program)
+                connections.debug("client connected to %s: %s (%s)", self._file.path, who, hello.program)
                 if self._calls(channel, who):
-                    log.info("client left %s: %s", self._file.path, who)
+                    connections.debug("client left %s: %s", self._file.path, who)
         except (EOFError, OSError) as exc:
             if not self._closed.is_set():
                 log.warning("dropped the client %s of %s: %s", who, self._file.path, type(exc).__name__)
