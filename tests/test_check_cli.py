@@ -211,6 +211,7 @@ def test_a_relative_path_is_warned_about_with_where_it_resolves(deployed: Path) 
         f"against the working directory: here {deployed / 'app.cdl'}"
     )
     assert f"warning: {warning}" in text.stderr
+    assert text.stderr.count(warning) == 1, text.stderr  # check's own, not the opening's again
     assert any(warning in w for w in json.loads(as_json.stdout)["warnings"])
 
 

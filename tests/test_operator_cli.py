@@ -147,6 +147,34 @@ def on_terminal(
 # -- sessions, export, erase ------------------------------------------------------------------
 
 
+def test_init_creates_the_database_from_the_configuration_and_prints_what_it_made(tmp_path: Path) -> None:
+    path = tmp_path / "agent.cdl"
+    env = environment(path, CITADEL_CREATE="false")  # init is the explicit creation: create does not apply
+    refused = run("sessions", env=env)
+    assert refused.returncode == 1 and "no database" in refused.stderr
+
+    made = run("init", env=env)
+
+    assert made.returncode == 0, made.stderr
+    lines = made.stdout.splitlines()
+    assert lines[0] == f"created {path}"
+    for name in ("agent.cdl", "agent.cdl.citadel-keys", "agent.cdl.citadel-audit"):
+        assert any(line.split() == [name, "mode", "600"] for line in lines), made.stdout
+    assert (
+        "argon2 profile: iot" in made.stdout
+        and "embedder:       mock-fnv1a-bow-v1 (dim 128, cosine)" in made.stdout
+    )
+    assert all(p.stat().st_mode & 0o777 == 0o600 for p in tmp_path.iterdir())
+    listed = run("sessions", env=env)
+    assert listed.returncode == 0, listed.stderr
+
+    again = run("init", env=env)
+    assert again.returncode == 0
+    assert again.stdout.strip() == f"{path} exists already: nothing was created, the passphrase opens it"
+    wrong = run("init", env=environment(path, CITADEL_KEY="not the passphrase"))
+    assert wrong.returncode == 1 and "wrong passphrase" in wrong.stderr
+
+
 def test_sessions_lists_every_session_with_its_count_and_write_times(database: Path) -> None:
     table = run("sessions", env=environment(database))
 

@@ -91,6 +91,26 @@ def test_embedder_table_as_json_and_factory_options_from_variables(
     assert settings.embedder.options == {"model": "small"}
 
 
+def test_a_store_opened_from_a_relative_path_in_the_environment_warns_where_it_resolved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two servers started in two directories would use two files: each says which it uses, every open."""
+    for directory in ("a", "b"):
+        (tmp_path / directory).mkdir()
+        monkeypatch.chdir(tmp_path / directory)
+        monkeypatch.setenv("CITADEL_PATH", "agent.cdl")
+        with pytest.warns(ConfigurationWarning) as caught:
+            store = from_config(key=PASSPHRASE, argon2_profile="iot")
+        store.close()
+        (message,) = [str(w.message) for w in caught if w.category is ConfigurationWarning]
+        assert "path agent.cdl (from environment variable CITADEL_PATH) is relative" in message
+        assert f"here {tmp_path / directory / 'agent.cdl'}" in message
+    monkeypatch.setenv("CITADEL_PATH", str(tmp_path / "a" / "agent.cdl"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigurationWarning)
+        from_config(key=PASSPHRASE).close()  # an absolute path: nothing to warn about
+
+
 def test_toml_file_in_the_working_directory_with_paths_relative_to_it(tmp_path: Path) -> None:
     write(tmp_path / "secret", PASSPHRASE + "\n")
     write(

@@ -55,6 +55,29 @@ def check(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+_CITADEL_DEFAULT = "unset (Citadel's default)"
+
+
+def init(args: argparse.Namespace) -> int:
+    """Create the database the configuration names (a deploy's first step); verify one that exists."""
+    settings = _settings(args)
+    path = Path(os.path.abspath(settings.path))
+    existed = path.exists()
+    with _open(args, settings.model_copy(update={"create": True}), create=True) as store:
+        identity, served_by = store.embedder_identity, store.served_by
+    if existed:
+        holder = f"; process {served_by} holds it and serves it" if served_by is not None else ""
+        print(f"{path} exists already: nothing was created, the passphrase opens it{holder}")
+        return 0
+    print(f"created {path}")
+    for made in sorted(p for p in path.parent.iterdir() if p.name.startswith(path.name)):
+        print(f"  {made.name:<34} mode {made.stat().st_mode & 0o777:o}")
+    print(f"  argon2 profile: {settings.argon2_profile or _CITADEL_DEFAULT}")
+    print(f"  sync mode:      {settings.sync_mode or 'full (the default)'}")
+    print(f"  embedder:       {identity.model_id} (dim {identity.dim}, {identity.metric})")
+    return 0
+
+
 def sessions(args: argparse.Namespace) -> int:
     with _open(args) as store:
         summaries = store.sessions()

@@ -77,10 +77,23 @@ def _add_operations(subcommands: Any) -> None:
         parser.set_defaults(library_call=call)
         return parser
 
+    _add_init(add)
     _add_reads(add, as_json)
     _add_import(add, as_json)
     _add_erasures(add, as_json)
     _add_file_operations(add, as_json)
+
+
+def _add_init(add: Any) -> None:
+    """init: the database made from the configuration alone."""
+    add(
+        "init",
+        "create the database the configuration names, and print what was made",
+        "from_config(create=True)",
+        "For a deploy's first step: the file and its companion files (mode 600), with the "
+        "configured argon2 profile and embedder. A database that exists already is only opened, "
+        "which verifies the passphrase (exit 0); the create setting does not apply here.",
+    ).set_defaults(run=commands.init)
 
 
 def _add_reads(add: Any, as_json: Any) -> None:

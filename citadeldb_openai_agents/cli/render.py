@@ -37,7 +37,7 @@ def print_check_report(report: CheckReport) -> None:
         print(f"database: {database.path}")
         if not database.exists:
             if _value(report, "create"):
-                print("  not created yet (created on first use)")
+                print("  not created yet (created on first use, or now by the init command)")
             else:
                 print("  does not exist, and create is false (see the problems)")
         elif database.locked:

@@ -14,7 +14,7 @@ from ..embedders.protocol import Embedder
 from ..errors import CitadelSessionError, ConfigurationError, DatabaseLockedError
 from ..results import LockHolder
 from ..storage.files import database_size, resolve_path
-from .load import ConfigSource, build_embedder, load_settings, no_database, open_store
+from .load import ConfigSource, build_embedder, load_settings, no_database, open_store, relative_path_warning
 from .model import CitadelSettings
 from .notices import configuration_warnings
 from .provenance import Origin
@@ -104,7 +104,7 @@ def check_configuration(config: ConfigSource = None, *, open_database: bool = Tr
     if settings is None:
         return report
     if not settings.path.is_absolute():
-        report.warnings.append(_relative_path_warning(settings))
+        report.warnings.append(relative_path_warning(settings))
     try:
         embedder = build_embedder(settings)
     except ConfigurationError as exc:
@@ -129,18 +129,6 @@ def _checked_settings(config: ConfigSource, report: CheckReport) -> CitadelSetti
         for name in settings.setting_names()
     ]
     return settings
-
-
-def _relative_path_warning(settings: CitadelSettings) -> str:
-    # A TOML file's relative paths are already resolved against its directory, so only
-    # an argument, a variable or the default can still depend on the working directory.
-    return (
-        f"path {settings.path} (from {settings.provenance('path').origin}) is relative, so it "
-        f"resolves against the working directory: here {resolve_path(settings.path)}. A "
-        "process started in another directory uses another file (and creates it, empty, "
-        "unless create is false). Give an absolute path, or set path in the TOML file, "
-        "where it resolves against the file's directory."
-    )
 
 
 def _where(settings: CitadelSettings, name: str) -> tuple[Origin, tuple[Origin, ...]]:
@@ -182,7 +170,7 @@ def _check_database(settings: CitadelSettings, embedder: Embedder, problems: lis
             )
         return DatabaseReport(path, exists=False)
     try:
-        with open_store(settings, embedder, existing_only=True) as store:
+        with open_store(settings, embedder, existing_only=True, warn_relative=False) as store:
             sessions = len(store.session_ids())
             served_by = store.served_by
     except DatabaseLockedError as exc:

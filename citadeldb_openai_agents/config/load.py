@@ -9,11 +9,18 @@ open the store with `open_existing_store`, which never creates a file.
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 from ..embedders.protocol import Embedder
 from ..embedders.providers import EMBEDDER_PROVIDERS
-from ..errors import ConfigurationError, CorruptDatabaseError, DatabaseNotFoundError, WrongPassphraseError
+from ..errors import (
+    ConfigurationError,
+    ConfigurationWarning,
+    CorruptDatabaseError,
+    DatabaseNotFoundError,
+    WrongPassphraseError,
+)
 from ..hints import closest
 from ..offline import reembed, verify_file
 from ..results import IntegrityReport, Progress, ReembedSummary
@@ -126,15 +133,32 @@ def build_embedder(settings: CitadelSettings) -> Embedder:
     return embedder
 
 
+def relative_path_warning(settings: CitadelSettings) -> str:
+    """Where a relative path resolved, and why a process started elsewhere uses another file."""
+    # A TOML file's relative paths are already resolved against its directory, so only
+    # an argument, a variable or the default can still depend on the working directory.
+    return (
+        f"path {settings.path} (from {settings.provenance('path').origin}) is relative, so it "
+        f"resolves against the working directory: here {resolve_path(settings.path)}. A "
+        "process started in another directory uses another file (and creates it, empty, "
+        "unless create is false). Give an absolute path, or set path in the TOML file, "
+        "where it resolves against the file's directory."
+    )
+
+
 def open_store(
-    settings: CitadelSettings, embedder: Embedder, *, existing_only: bool = False
+    settings: CitadelSettings, embedder: Embedder, *, existing_only: bool = False, warn_relative: bool = True
 ) -> CitadelSessionStore:
     """The store, its errors told in the configuration's terms (which setting, which file).
 
     A missing file is created as the ``create`` setting says, never when `existing_only`
-    (operator commands, check).
+    (operator commands, check). A path that depends on the working directory warns
+    (`ConfigurationWarning`) unless `warn_relative` is false (check reports it itself).
     """
     limit = settings.session_limit
+    if warn_relative and not settings.path.is_absolute():
+        # Every open, not only a creation: another process of the deployment may use another file.
+        warnings.warn(relative_path_warning(settings), ConfigurationWarning, stacklevel=3)
     try:
         return CitadelSessionStore(
             settings.path,
@@ -162,7 +186,8 @@ def open_store(
 def no_database(settings: CitadelSettings, *, existing_only: bool) -> DatabaseNotFoundError:
     """The store's refusal to create a file, naming where the path and the refusal came from."""
     if existing_only:
-        refusal, fix = "operator commands never create one", "or pass --config"
+        refusal = "operator commands never create one"
+        fix = "or pass --config; `python -m citadeldb_openai_agents init` creates it"
     else:
         refusal = f"create is false (from {settings.provenance('create').origin})"
         fix = "or set create = true (CITADEL_CREATE=true) to start a new, empty database there"
