@@ -1,0 +1,83 @@
+"""The README and docs/ say what the code does, where that can be checked mechanically.
+
+The demo's output as the README shows it, the commands and variables the pages name, and no
+page calling a feature that exists "planned". Outputs that hold pids, times or random paths
+are left to the pages' own care.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from citadeldb_openai_agents import CitadelSettings
+from citadeldb_openai_agents.cli.main import _parser
+from citadeldb_openai_agents.config.names import OTHER_VARIABLES, environment_variable, setting_fields
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# Words that promise a feature instead of describing one.
+# The misspelling configuration.md shows being caught ("Did you mean CITADEL_TTL?").
+MISSPELLED_ON_PURPOSE = {"CITADEL_TLL"}
+PROMISES = re.compile(r"\b(planned|not yet (implemented|supported|available)|coming soon)\b", re.IGNORECASE)
+
+
+def test_no_page_calls_a_feature_planned() -> None:
+    found = [
+        f"{page.name}:{number}: {line.strip()}"
+        for page in PAGES
+        for number, line in enumerate(page.read_text().splitlines(), 1)
+        if PROMISES.search(line)
+    ]
+    assert not found, found
+
+
+def test_every_command_the_pages_run_exists() -> None:
+    parser = _parser()
+    subcommands = next(a for a in parser._actions if a.dest == "command")
+    commands = set(subcommands.choices)  # type: ignore[arg-type]
+    named = {
+        (page.name, match)
+        for page in PAGES
+        for match in re.findall(r"python -m citadeldb_openai_agents ([a-z][a-z-]*)", page.read_text())
+    }
+    unknown = sorted((page, command) for page, command in named if command not in commands)
+    assert named and not unknown, unknown
+
+
+def test_every_variable_the_pages_name_is_read() -> None:
+    known = {environment_variable(name) for name, _ in setting_fields(CitadelSettings)} | set(OTHER_VARIABLES)
+    named = {
+        (page.name, variable)
+        for page in PAGES
+        for variable in re.findall(r"\bCITADEL_[A-Z0-9_]*[A-Z0-9]\b", page.read_text())
+        if not variable.startswith("CITADEL_EMBEDDER__OPTIONS__") and variable not in MISSPELLED_ON_PURPOSE
+    }
+    unknown = sorted((page, variable) for page, variable in named if variable not in known)
+    assert named and not unknown, unknown
+
+
+def test_the_readme_shows_the_demos_output_as_it_prints_it() -> None:
+    readme = (ROOT / "README.md").read_text()
+    shown = readme.split("$ python -m citadeldb_openai_agents demo\n", 1)[1].split("```", 1)[0]
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY" and not k.startswith("CITADEL_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "citadeldb_openai_agents", "demo"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+    def without_the_file(text: str) -> list[str]:  # the demo's file is in a new temporary directory
+        return [
+            re.sub(r"^Encrypted session file: .*", "Encrypted session file: *", line)
+            for line in text.splitlines()
+        ]
+
+    assert without_the_file(shown) == without_the_file(done.stdout)
