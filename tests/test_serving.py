@@ -252,7 +252,7 @@ def test_a_wrong_passphrase_is_refused_by_the_owner(service: Service, db_path: P
 def test_settings_fixed_per_file_must_agree_with_the_owners(service: Service, db_path: Path) -> None:
     with pytest.raises(ConfigurationError) as caught:
         CitadelSessionStore(db_path, KEY, ttl=3600)
-    assert "ttl: this process has ttl 3600 s, the owner has no ttl (keep forever)" in str(caught.value)
+    assert "ttl: this process has ttl 1h, the owner has no ttl (keep forever)" in str(caught.value)
     assert f"process {service.pid}" in str(caught.value)
     with pytest.raises(ConfigurationError) as caught:
         CitadelSessionStore(db_path, KEY, embedder=citadeldb.MockEmbedder(dim=64))

@@ -95,18 +95,21 @@ def acquire(
 
 def _joined(resolved: str, key: str) -> OpenDatabase | None:
     """The open file at `resolved` with one more reference, if this process holds it (under the lock)."""
-    database = _registry.get(resolved)
-    pending = _opening.get(resolved)
-    if database is not None and database.forked:
-        # citadeldb would join the engine this process inherited, lock and all.
-        raise database.forked_error(opening=True)
-    if pending is not None and pending.opener_pid != current_pid():
-        raise forked_error(resolved, pending.opener_pid, opening=True)  # forked mid-open
-    if database is None:
-        return None
-    database.check_same_passphrase(key)
-    database.references += 1
-    return database
+    try:
+        database = _registry.get(resolved)
+        pending = _opening.get(resolved)
+        if database is not None and database.forked:
+            # citadeldb would join the engine this process inherited, lock and all.
+            raise database.forked_error(opening=True)
+        if pending is not None and pending.opener_pid != current_pid():
+            raise forked_error(resolved, pending.opener_pid, opening=True)  # forked mid-open
+        if database is None:
+            return None
+        database.check_same_passphrase(key)
+        database.references += 1
+        return database
+    finally:
+        del key  # see `acquire`: error trackers record a failed frame's locals
 
 
 def inspect_file(
