@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_demo_remembers_across_processes_then_forgets() -> None:
+@pytest.fixture(scope="module")
+def demo() -> str:
+    """What the demo prints, run once as the README runs it: no API key, no CITADEL_* variable."""
     env = {
         k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY",) and not k.startswith("CITADEL_")
     }
@@ -20,7 +28,11 @@ def test_demo_remembers_across_processes_then_forgets() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    out = done.stdout
+    return done.stdout
+
+
+def test_demo_remembers_across_processes_then_forgets(demo: str) -> None:
+    out = demo
     ask, after = out.split("[process 2")[1], out.split("[process 4")[1]
     assert "history fed to the model: 3 item(s)" in ask
     assert "assistant: Your dog is called Mochi." in ask
@@ -32,3 +44,16 @@ def test_demo_remembers_across_processes_then_forgets() -> None:
     assert "- #5, user: My locker code is 4711." in tool
     assert "assistant: Your locker code is 4711." in tool
     assert "Files on disk containing the word 'locker': none" in out
+
+
+def test_the_readme_shows_the_demos_output_as_it_prints_it(demo: str) -> None:
+    readme = (ROOT / "README.md").read_text()
+    shown = readme.split("$ python -m citadeldb_openai_agents demo\n", 1)[1].split("```", 1)[0]
+
+    def without_the_file(text: str) -> list[str]:  # the demo's file is in a new temporary directory
+        return [
+            re.sub(r"^Encrypted session file: .*", "Encrypted session file: *", line)
+            for line in text.splitlines()
+        ]
+
+    assert without_the_file(shown) == without_the_file(demo)

@@ -1,16 +1,13 @@
 """The README and docs/ say what the code does, where that can be checked mechanically.
 
-The demo's output as the README shows it, the commands and variables the pages name, and no
-page calling a feature that exists "planned". Outputs that hold pids, times or random paths
-are left to the pages' own care.
+The commands and variables the pages name, and no page calling a feature that exists
+"planned" (the README's demo output is checked against the demo in test_demo.py). Outputs
+that hold pids, times or random paths are left to the pages' own care.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 from citadeldb_openai_agents import CitadelSettings
@@ -58,26 +55,3 @@ def test_every_variable_the_pages_name_is_read() -> None:
     }
     unknown = sorted((page, variable) for page, variable in named if variable not in known)
     assert named and not unknown, unknown
-
-
-def test_the_readme_shows_the_demos_output_as_it_prints_it() -> None:
-    readme = (ROOT / "README.md").read_text()
-    shown = readme.split("$ python -m citadeldb_openai_agents demo\n", 1)[1].split("```", 1)[0]
-    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY" and not k.startswith("CITADEL_")}
-    done = subprocess.run(
-        [sys.executable, "-m", "citadeldb_openai_agents", "demo"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-
-    def without_the_file(text: str) -> list[str]:  # the demo's file is in a new temporary directory
-        return [
-            re.sub(r"^Encrypted session file: .*", "Encrypted session file: *", line)
-            for line in text.splitlines()
-        ]
-
-    assert without_the_file(shown) == without_the_file(done.stdout)

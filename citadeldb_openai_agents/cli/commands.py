@@ -23,6 +23,7 @@ from ..config import (
     CitadelSettings,
     check_configuration,
     configuration_warnings,
+    database_files,
     from_config,
     load_settings,
     new_passphrase,
@@ -30,6 +31,7 @@ from ..config import (
     reembed_from_config,
     verify_from_config,
 )
+from ..options import DEFAULT_SYNC_MODE
 from . import render
 
 
@@ -55,25 +57,24 @@ def check(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-_CITADEL_DEFAULT = "unset (Citadel's default)"
+_UNSET_PROFILE = "unset (Citadel's default)"
 
 
 def init(args: argparse.Namespace) -> int:
     """Create the database the configuration names (a deploy's first step); verify one that exists."""
     settings = _settings(args)
-    path = Path(os.path.abspath(settings.path))
-    existed = path.exists()
+    existed = os.path.exists(settings.path)
     with _open(args, settings.model_copy(update={"create": True}), create=True) as store:
-        identity, served_by = store.embedder_identity, store.served_by
+        path, identity, served_by = store.path, store.embedder_identity, store.served_by
     if existed:
         holder = f"; process {served_by} holds it and serves it" if served_by is not None else ""
         print(f"{path} exists already: nothing was created, the passphrase opens it{holder}")
         return 0
     print(f"created {path}")
-    for made in sorted(p for p in path.parent.iterdir() if p.name.startswith(path.name)):
-        print(f"  {made.name:<34} mode {made.stat().st_mode & 0o777:o}")
-    print(f"  argon2 profile: {settings.argon2_profile or _CITADEL_DEFAULT}")
-    print(f"  sync mode:      {settings.sync_mode or 'full (the default)'}")
+    for made in sorted(database_files(path)):
+        print(f"  {os.path.basename(made):<34} mode {os.stat(made).st_mode & 0o777:o}")
+    print(f"  argon2 profile: {settings.argon2_profile or _UNSET_PROFILE}")
+    print(f"  sync mode:      {settings.sync_mode or DEFAULT_SYNC_MODE + ' (the default)'}")
     print(f"  embedder:       {identity.model_id} (dim {identity.dim}, {identity.metric})")
     return 0
 

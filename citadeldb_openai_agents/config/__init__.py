@@ -9,6 +9,7 @@ directory, with where each value came from; `from_config` and `check`.
 * check.py: the ``check`` command's report; notices.py: configuration warnings.
 """
 
+from ..storage.files import database_files
 from .check import CheckReport, DatabaseReport, SettingReport, check_configuration
 from .keyfile import new_passphrase, read_key_file
 from .load import (
@@ -37,6 +38,7 @@ __all__ = [
     "build_embedder",
     "check_configuration",
     "configuration_warnings",
+    "database_files",
     "environment_variable",
     "from_config",
     "load_settings",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidItemError
@@ -72,24 +72,21 @@ class Batch:
         """The items in the slice `items`, expiring at `expires_at`."""
         return Batch(self.payloads[items], self.texts[items], self.from_user[items], expires_at)
 
-    def expiring(self, expires_at: int | None) -> Batch:
-        return replace(self, expires_at=expires_at)
-
 
 def encode_batch(items: list[Any], expires_at: int | None = None) -> Batch:
     """Items as the file stores them (`InvalidItemError` naming the first that is not JSON)."""
     payloads = [encode_item(item, position) for position, item in enumerate(items)]
-    return Batch(
-        payloads, [search_text(item) for item in items], [is_user_message(item) for item in items], expires_at
-    )
+    return _batch(payloads, items, expires_at)
 
 
 def batch_of_payloads(payloads: list[str], expires_at: int | None = None) -> Batch:
     """Items already stored as JSON text (a move's or a copy's), as a batch."""
-    items = decode_items(payloads)
-    return Batch(
-        payloads, [search_text(item) for item in items], [is_user_message(item) for item in items], expires_at
-    )
+    return _batch(payloads, decode_items(payloads), expires_at)
+
+
+def _batch(payloads: list[str], items: list[Any], expires_at: int | None) -> Batch:
+    texts = [search_text(item) for item in items]
+    return Batch(payloads, texts, [is_user_message(item) for item in items], expires_at)
 
 
 def digest(payloads: list[str]) -> str:
