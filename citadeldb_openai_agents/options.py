@@ -42,6 +42,24 @@ def check_ttl(seconds: Any) -> float | None:
     return float(seconds)
 
 
+# The settings every process on one file must share; a store may adopt the owner's (`check_adopt`).
+FIXED_PER_FILE = ("ttl", "embedder", "sync_mode")
+
+
+def check_adopt(names: Any) -> frozenset[str]:
+    """The settings a store takes from the file's owner: some of `FIXED_PER_FILE`."""
+    if isinstance(names, str):
+        raise ValueError(f"adopt must be a collection of setting names, not the string {names!r}")
+    chosen = frozenset(names)
+    unknown = sorted(map(repr, chosen - set(FIXED_PER_FILE)))
+    if unknown:
+        known = ", ".join(map(repr, FIXED_PER_FILE))
+        raise ValueError(
+            f"adopt names settings that are not fixed per file: {', '.join(unknown)} (only {known})"
+        )
+    return chosen
+
+
 def format_duration(seconds: float) -> str:
     """A duration as a person writes it, in the largest unit that divides it: ``30d``, ``2h``, ``90s``."""
     for unit in ("d", "h", "m"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 # A long operation's progress: called with (done, total) as it goes.
@@ -44,6 +44,15 @@ class SessionSummary:
     items: int
     first_write: datetime
     last_write: datetime
+
+    @classmethod
+    def from_micros(cls, session_id: str, items: int, first: int, last: int) -> SessionSummary:
+        """From the file's figures: the first and last write in microseconds since the epoch."""
+        return cls(session_id, items, _utc(first), _utc(last))
+
+
+def _utc(micros: int) -> datetime:
+    return datetime.fromtimestamp(micros / 1_000_000, tz=timezone.utc)
 
 
 @dataclass(frozen=True)

@@ -10,15 +10,14 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
-from datetime import datetime, timezone
+from collections.abc import Callable, Collection, Iterable
 from typing import TYPE_CHECKING, Any
 
 from .compaction import compaction_snapshot, replace_all
 from .embedders.protocol import EmbedderIdentity
 from .embedders.providers import resolve_embedder
 from .errors import SessionClosedError, SessionNotFoundError
-from .options import DEFAULT_SYNC_MODE, Argon2Profile, SyncMode, check_passphrase, check_ttl
+from .options import DEFAULT_SYNC_MODE, Argon2Profile, SyncMode, check_adopt, check_passphrase, check_ttl
 from .results import Erasure, HistoryHit, IntegrityReport, MoveSummary, Progress, SessionSummary
 from .serving.protocol import Terms
 from .serving.shared import SharedFile
@@ -55,17 +54,14 @@ class CitadelSessionStore:
         session_settings: Default `SessionSettings` for sessions minted here.
         argon2_profile: Citadel's key-derivation cost for a *new* file ("iot",
             "desktop", "server"); an existing file keeps the profile it was made with.
-        sync_mode: Citadel's durability for the writes made while this process owns
-            the file: "full" (default: each commit flushes the key file and, twice, the
-            file's pages), "normal" (the pages once), or "off" (the key file only: a
-            killed process still loses nothing, a power cut or a kernel crash may lose
-            recent writes). Citadel applies it at every open, not once per file, so
-            every process on one file needs the same mode.
-        cache_size: Citadel's page cache, in pages of ~8 KiB, for this process; default
-            `DEFAULT_CACHE_PAGES` (16,384: at most ~128 MiB, filled only as pages are
-            read). Search is fast only while the cache holds the file (a 1,000-item
-            session's search with all-MiniLM-L6-v2: ~90 ms at Citadel's own default of
-            under 1,000 pages, ~40 ms with the file cached).
+        sync_mode: Citadel's durability for writes while this process owns the file:
+            "full" (default: each commit flushes the key file and, twice, the pages),
+            "normal" (the pages once) or "off" (the key file only: a killed process loses
+            nothing, a power cut may lose recent writes). Applied at every open, so every
+            process on one file needs the same mode.
+        cache_size: Citadel's page cache in ~8 KiB pages for this process; default
+            `DEFAULT_CACHE_PAGES` (16,384: at most ~128 MiB, filled as pages are read).
+            Search is fast only while the cache holds the file (docs/performance.md).
         create: False refuses to create a new file: a missing one raises
             `DatabaseNotFoundError` instead, so a wrong path or working directory
             cannot silently start an empty database.
@@ -74,10 +70,14 @@ class CitadelSessionStore:
             with no change to their code, and take it over if it goes. False: the file
             is this process's alone (another gets `DatabaseLockedError`); a forked
             child's inherited store raises `ForkedStoreError`.
+        adopt: Settings fixed per file ("ttl", "embedder", "sync_mode") taken from the
+            file's owner when this store is its client, not refused if they differ
+            (`adopted` says what was taken; a takeover keeps the owner's TTL and sync
+            mode). `from_config` adopts every one the configuration leaves unset.
 
     Stores (and `CitadelSession` objects) on the same file in one process share
-    one open database; a different passphrase for an open file is refused. Every
-    process on one file needs the same passphrase, TTL and embedder.
+    one open database; a different passphrase for an open file is refused. Every process
+    on one file needs the same passphrase, TTL, embedder and sync mode (or adopts them).
     """
 
     def __init__(
@@ -93,10 +93,12 @@ class CitadelSessionStore:
         cache_size: int | None = None,
         create: bool = True,
         serve: bool = True,
+        adopt: Collection[str] = (),
     ) -> None:
         try:
             check_passphrase(key)
-            self._ttl = check_ttl(ttl)
+            checked_ttl = check_ttl(ttl)
+            adopted = check_adopt(adopt)
             self.session_settings = session_settings
             resolved_embedder = resolve_embedder(embedder)
             options = database_options(argon2_profile, sync_mode, cache_size)
@@ -108,12 +110,13 @@ class CitadelSessionStore:
                 embedder=resolved_embedder,
                 options=options,
                 create=create,
-                terms=Terms(self._ttl, sync_mode or DEFAULT_SYNC_MODE),  # checked by database_options
+                terms=Terms(checked_ttl, sync_mode or DEFAULT_SYNC_MODE),  # checked by database_options
                 serve=serve,
+                adopt=adopted,
+                options_for=lambda mode: database_options(argon2_profile, mode, cache_size),  # type: ignore[arg-type]
             )
         finally:
-            # Gone from this frame on every path: error trackers record a failed frame's locals.
-            del key
+            del key  # gone from this frame on every path: error trackers record its locals
 
     @property
     def path(self) -> str:
@@ -122,8 +125,14 @@ class CitadelSessionStore:
 
     @property
     def ttl(self) -> float | None:
-        """Seconds an item lives after it is written, or None."""
-        return self._ttl
+        """Seconds an item lives after it is written, or None (the owner's, when adopted)."""
+        return self._file.terms.ttl
+
+    @property
+    def adopted(self) -> dict[str, Any]:
+        """The settings this store took from the file's owner (see ``adopt``), with their values:
+        ``ttl`` seconds or None, ``sync_mode`` its name, ``embedder`` an `EmbedderIdentity`."""
+        return self._file.adopted
 
     @property
     def embedder_identity(self) -> EmbedderIdentity:
@@ -210,13 +219,13 @@ class CitadelSessionStore:
     def sessions(self) -> list[SessionSummary]:
         """Every session holding a live item: its id, item count and first and last write."""
         self._check_open()
-        return [_summary(found) for found in self._file.summaries()]
+        return [SessionSummary.from_micros(*found) for found in self._file.summaries()]
 
     def summary(self, session_id: str) -> SessionSummary | None:
         """One session's item count and first and last write; None when it holds no live item."""
         self._check_open()
         found = self._file.summary(session_id)
-        return None if found is None else _summary((session_id, *found))
+        return None if found is None else SessionSummary.from_micros(session_id, *found)
 
     def export(self, session_id: str, *, progress: Progress | None = None) -> list[Any]:
         """A session's items, oldest first, exactly as stored (for a data-access request).
@@ -354,7 +363,7 @@ class CitadelSessionStore:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
-        return f"<CitadelSessionStore {self.path!r} ttl={self._ttl} {state}>"
+        return f"<CitadelSessionStore {self.path!r} ttl={self.ttl} {state}>"
 
     def _check_process(self) -> None:
         """Raise `ForkedStoreError` in a process forked from the one that opened the store (or
@@ -370,7 +379,8 @@ class CitadelSessionStore:
 
     def _expires_at(self) -> int | None:
         """When an item written now expires (µs since the epoch), or None."""
-        return None if self._ttl is None else int((time.time() + self._ttl) * 1_000_000)
+        ttl = self.ttl
+        return None if ttl is None else int((time.time() + ttl) * 1_000_000)
 
     async def _compaction_snapshot(self, session_id: str, limit: Any, prune: Any, unexpected: bool) -> Any:
         return await compaction_snapshot(self._file, self._expires_at, session_id, limit, prune, unexpected)
@@ -408,12 +418,3 @@ class CitadelSessionStore:
             where.setdefault(payload, []).append(position)
         hits = zip(where, decode_items(list(where)), strict=True)
         return [HistoryHit(sorted(where[payload]), item, search_text(item)) for payload, item in hits], held
-
-
-def _summary(found: tuple[str, int, int, int]) -> SessionSummary:
-    session_id, count, first, last = found
-    return SessionSummary(session_id, count, _from_micros(first), _from_micros(last))
-
-
-def _from_micros(micros: int) -> datetime:
-    return datetime.fromtimestamp(micros / 1_000_000, tz=timezone.utc)

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from test_erasure import stored_ids
 
-from citadeldb_openai_agents import CitadelSessionStore, WrongPassphraseError
+from citadeldb_openai_agents import CitadelSessionStore, EmbedderIdentity, WrongPassphraseError, from_config
 from citadeldb_openai_agents.cli import main
 
 PASSPHRASE = "correct horse battery staple 7f3a"
@@ -769,3 +769,68 @@ def test_a_usage_error_exits_2(args: list[str], capsys: pytest.CaptureFixture[st
     with pytest.raises(SystemExit) as exited:
         main(args)
     assert exited.value.code == 2
+
+
+# -- settings fixed per file: adopted when unset, refused when they disagree -----------------
+
+# A service configured as env-only deployments are: a TTL, sync_mode "off", its own embedder.
+CONFIGURED_SERVICE = (
+    "import asyncio, os, sys, citadeldb\n"
+    "from citadeldb_openai_agents import CitadelSessionStore\n"
+    "store = CitadelSessionStore(sys.argv[1], os.environ['HOLDER_KEY'], ttl=30 * 86400,\n"
+    "    sync_mode='off', embedder=citadeldb.MockEmbedder(dim=64), argon2_profile='iot')\n"
+    "asyncio.run(store.session('alice').add_items([{'role': 'user', 'content': 'hi'}]))\n"
+    "print('ready', flush=True)\n"
+    "sys.stdin.read()\n"
+    "store.close()\n"
+)
+
+
+def configured_service(database: Path) -> subprocess.Popen[str]:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", CONFIGURED_SERVICE, str(database)],
+        env=environment(database, HOLDER_KEY=PASSPHRASE),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
+    return holder
+
+
+def test_an_operator_command_adopts_the_settings_it_does_not_set_and_refuses_one_that_disagrees(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    database = tmp_path / "service.cdl"
+    holder = configured_service(database)
+    try:
+        env = environment(database)  # the path and the passphrase only
+        checked = run("check", env=env)
+        listed = run("sessions", env=env)
+        disagreeing = run("sessions", env={**env, "CITADEL_TTL": "1h"})
+        # The same through the API: from_config leaves the unset ones to the owner.
+        for name, value in env.items():
+            if name.startswith("CITADEL_"):
+                monkeypatch.setenv(name, value)
+        with from_config() as store:
+            assert store.served_by == holder.pid
+            assert store.ttl == 30 * 86400
+            assert store.adopted == {
+                "ttl": 30 * 86400,
+                "sync_mode": "off",
+                "embedder": EmbedderIdentity("mock-fnv1a-bow-v1", 64, "cosine"),
+            }
+            assert store.embedder_identity.dim == 64
+        with from_config(ttl="30d") as store:  # set, and agreeing: not adopted, not refused
+            assert set(store.adopted) == {"sync_mode", "embedder"}
+    finally:
+        stop(holder)
+    assert checked.returncode == 0, checked.stderr
+    assert f"held by process {holder.pid}, serving" in checked.stdout
+    assert "ttl: 30d, the owner's (not set here, so adopted)" in checked.stdout
+    assert re.search(r"^  ttl +unset \(the owner's: 30d\) +default$", checked.stdout, re.MULTILINE)
+    assert "sync_mode: off, the owner's (not set here, so adopted)" in checked.stdout
+    assert "embedder: mock-fnv1a-bow-v1 (dim 64, cosine), the owner's" in checked.stdout
+    assert listed.returncode == 0 and "alice" in listed.stdout, listed.stderr
+    assert disagreeing.returncode == 1
+    assert "ttl: this process has ttl 1h, the owner has ttl 30d" in disagreeing.stderr

@@ -32,14 +32,17 @@ from citadeldb_openai_agents import (
     CitadelSessionStore,
     ConfigurationError,
     DatabaseLockedError,
+    EmbedderMismatchError,
     InvalidItemError,
     SessionNotFoundError,
     StorageError,
     WrongPassphraseError,
 )
 from citadeldb_openai_agents.serving import handover
-from citadeldb_openai_agents.serving.address import socket_path
+from citadeldb_openai_agents.serving.address import Secret, socket_path
 from citadeldb_openai_agents.serving.channel import Channel
+from citadeldb_openai_agents.serving.handover import Opening
+from citadeldb_openai_agents.serving.protocol import OwnerHello, Terms
 from citadeldb_openai_agents.storage.lockholder import find_lock_holder
 
 from conftest import KEY
@@ -622,3 +625,121 @@ def test_the_serve_command_owns_the_file_until_sigterm(db_path: Path) -> None:
     with CitadelSessionStore(db_path, KEY) as owner:
         assert owner.served_by is None
         assert asyncio.run(owner.session("alice").get_items()) == items("through the sidecar")
+
+
+# -- settings fixed per file: adopted from the owner -----------------------------------------
+
+OWNER_WITH_SETTINGS = textwrap.dedent(
+    """
+    import sys
+    from citadeldb_openai_agents import CitadelSessionStore
+    store = CitadelSessionStore(sys.argv[1], sys.argv[2], ttl=3600, sync_mode="off", argon2_profile="iot")
+    print("ready", flush=True)
+    sys.stdin.read()
+    """
+)
+
+
+SERVED_BY_WITH_SETTINGS = textwrap.dedent(
+    """
+    import sys
+    from citadeldb_openai_agents import CitadelSessionStore
+    with CitadelSessionStore(sys.argv[1], sys.argv[2], ttl=3600, sync_mode="off") as store:
+        print(store.served_by)
+    """
+)
+
+
+def test_adopted_settings_stay_when_the_adopter_takes_the_file_over(db_path: Path) -> None:
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER_WITH_SETTINGS, str(db_path), KEY],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert owner.stdout is not None and owner.stdout.readline() == "ready\n"
+        with CitadelSessionStore(db_path, KEY, adopt=("ttl", "sync_mode")) as adopter:
+            assert adopter.served_by == owner.pid
+            assert (adopter.ttl, adopter.adopted) == (3600, {"ttl": 3600, "sync_mode": "off"})
+            owner.kill()
+            owner.wait(timeout=30)
+            asyncio.run(adopter.session("s").add_items(items("written after the owner died")))
+            assert adopter.served_by is None  # took the file over
+            assert adopter.ttl == 3600
+            # It serves the file as it was served (not with its own default sync mode): a
+            # process set like the old owner is its client.
+            like_the_old_owner = subprocess.run(
+                [sys.executable, "-c", SERVED_BY_WITH_SETTINGS, str(db_path), KEY],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert like_the_old_owner.stdout.strip() == str(os.getpid()), like_the_old_owner.stderr
+            assert adopter.export("s") == items("written after the owner died")
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait(timeout=30)
+
+
+def test_adopt_names_only_settings_fixed_per_file(db_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"'tll'.*only 'ttl', 'embedder', 'sync_mode'"):
+        CitadelSessionStore(db_path, KEY, adopt=["tll"])
+    with pytest.raises(ValueError, match="not the string 'ttl'"):
+        CitadelSessionStore(db_path, KEY, adopt="ttl")
+    assert not db_path.exists()
+
+
+def test_a_takeover_opens_the_file_in_the_sync_mode_it_adopted() -> None:
+    # Citadel applies the sync mode at each open and does not say which one it applied:
+    # what is checked is that the options a takeover opens with are built for the owner's mode.
+    built: list[str] = []
+
+    def options_for(mode: str) -> Any:
+        built.append(mode)
+        return f"options for {mode}"
+
+    opening = Opening(
+        "f.cdl", "/f.cdl", Secret(b"k"), citadeldb.MockEmbedder(dim=8), "own options", True,
+        Terms(None, "full"), frozenset({"sync_mode"}), options_for,
+    )  # fmt: skip
+    opening.adopt_from(OwnerHello(1, "/f.cdl", Terms(60.0, "off"), ("mock", 8, "cosine")))
+    assert (opening.options, built, opening.terms) == ("options for off", ["off"], Terms(None, "off"))
+    assert opening.adopted == {"sync_mode": "off"}
+
+
+OWNER_WITH_ANOTHER_EMBEDDER = textwrap.dedent(
+    """
+    import sys, citadeldb
+    from citadeldb_openai_agents import CitadelSessionStore
+    store = CitadelSessionStore(sys.argv[1], sys.argv[2], embedder=citadeldb.MockEmbedder(dim=64), argon2_profile="iot")
+    print("ready", flush=True)
+    sys.stdin.read()
+    """
+)
+
+
+async def test_an_adopted_embedder_is_a_name_only_so_a_takeover_with_another_is_refused(
+    db_path: Path,
+) -> None:
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER_WITH_ANOTHER_EMBEDDER, str(db_path), KEY],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert owner.stdout is not None and owner.stdout.readline() == "ready\n"
+        with CitadelSessionStore(db_path, KEY, adopt=["embedder"]) as adopter:
+            assert adopter.embedder_identity.dim == 64
+            owner.kill()
+            owner.wait(timeout=30)
+            with pytest.raises(EmbedderMismatchError, match="dim 64, embedder has dim 128"):
+                await adopter.session("s").add_items(items("not written"))
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait(timeout=30)
+    with CitadelSessionStore(db_path, KEY, embedder=citadeldb.MockEmbedder(dim=64)) as store:
+        assert store.session_ids() == []

@@ -23,15 +23,7 @@ from ..results import Erasure, ExportSummary, ImportReport, IntegrityReport, Mov
 def print_check_report(report: CheckReport) -> None:
     print(f"configuration file: {report.config_file or 'none'}")
     if report.settings:
-        print("settings:")
-        width = max(len(row.name) for row in report.settings)
-        values = [_text(row.name, row.value) for row in report.settings]
-        value_width = min(max(len(value) for value in values), 40)
-        for row, value in zip(report.settings, values, strict=True):
-            source = str(row.origin)
-            if row.overrides:
-                source += f" (overrides {', '.join(str(origin) for origin in row.overrides)})"
-            print(f"  {row.name:<{width}}  {value:<{value_width}}  {source}")
+        _print_settings(report)
     database = report.database
     if database is not None:
         print(f"database: {database.path}")
@@ -45,6 +37,8 @@ def print_check_report(report: CheckReport) -> None:
             print(f"  held by another process{holder}: not opened, so the passphrase was not verified")
         elif database.passphrase_verified and database.served_by is not None:
             print(f"  held by process {database.served_by}, serving; passphrase verified through the owner")
+            for name, value in database.adopted.items():
+                print(f"  {name}: {value}, the owner's (not set here, so adopted)")
             print(f"  sessions:   {database.sessions}")
             print(f"  size:       {database.size_bytes} bytes ({human(database.size_bytes)})")
         elif database.passphrase_verified:
@@ -65,6 +59,22 @@ def print_check_report(report: CheckReport) -> None:
     print(f"not usable, {count} problem{'s' if count > 1 else ''}:", file=sys.stderr)
     for problem in report.problems:
         print(f"  - {problem}", file=sys.stderr)
+
+
+def _print_settings(report: CheckReport) -> None:
+    print("settings:")
+    width = max(len(row.name) for row in report.settings)
+    adopted = {} if report.database is None else report.database.adopted
+    values = [
+        f"unset (the owner's: {adopted[row.name]})" if row.name in adopted else _text(row.name, row.value)
+        for row in report.settings
+    ]
+    value_width = min(max(len(value) for value in values), 40)
+    for row, value in zip(report.settings, values, strict=True):
+        source = str(row.origin)
+        if row.overrides:
+            source += f" (overrides {', '.join(str(origin) for origin in row.overrides)})"
+        print(f"  {row.name:<{width}}  {value:<{value_width}}  {source}")
 
 
 def _value(report: CheckReport, name: str) -> Any:

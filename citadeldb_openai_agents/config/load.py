@@ -27,7 +27,7 @@ from ..results import IntegrityReport, Progress, ReembedSummary
 from ..storage.files import resolve_path
 from ..store import CitadelSessionStore
 from .model import CitadelSettings
-from .provenance import KEY_FILE, SECRETS_DIRECTORY
+from .provenance import DEFAULT, KEY_FILE, SECRETS_DIRECTORY
 
 ConfigSource = str | os.PathLike[str] | CitadelSettings | None
 
@@ -171,6 +171,7 @@ def open_store(
             cache_size=settings.cache_size,
             create=settings.create and not existing_only,
             serve=settings.serve,
+            adopt=left_to_the_owner(settings),
         )
     except WrongPassphraseError as exc:
         hint = _key_file_hint(settings)
@@ -181,6 +182,23 @@ def open_store(
         if not exc.creation_refused:
             raise
         raise no_database(settings, existing_only=existing_only) from None
+
+
+def left_to_the_owner(settings: CitadelSettings) -> list[str]:
+    """The settings fixed per file that the configuration does not set: a client adopts the owner's.
+
+    An operator's command run with only the path and the passphrase then works beside a
+    service configured with its TTL, sync mode and embedder; a value set anywhere (TOML,
+    variable, argument) must agree with the owner's, and is refused if it does not.
+    """
+
+    def unset(name: str) -> bool:
+        return settings.provenance(name).origin.kind == DEFAULT
+
+    names = [name for name in ("ttl", "sync_mode") if unset(name)]
+    if all(unset(name) for name in settings.setting_names() if name.startswith("embedder.")):
+        names.append("embedder")
+    return names
 
 
 def no_database(settings: CitadelSettings, *, existing_only: bool) -> DatabaseNotFoundError:

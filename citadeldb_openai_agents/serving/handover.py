@@ -12,8 +12,9 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from ..embedders.protocol import Embedder, EmbedderIdentity
 from ..errors import DatabaseLockedError, ForkedStoreError
@@ -24,7 +25,7 @@ from . import hosting, refusals
 from .address import Secret, socket_path
 from .client import RemoteOwner
 from .modes import Mode, ServeToOthers
-from .protocol import ClientHello, Terms, disagreements, wire_identity
+from .protocol import ClientHello, OwnerHello, Terms, disagreements, wire_identity
 from .transport import LocalTransport, OwnerGone, Transport
 
 if TYPE_CHECKING:
@@ -51,11 +52,37 @@ class Opening:
     options: citadeldb.DatabaseOptions
     create: bool
     terms: Terms
+    # The settings fixed per file (protocol.FIXED_PER_FILE) this store takes from the owner
+    # it is a client of, with the values taken; and the options for an adopted sync mode.
+    adopt: frozenset[str] = frozenset()
+    options_for: Callable[[str], citadeldb.DatabaseOptions] | None = None
+    adopted: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def identity(self) -> EmbedderIdentity:
+        adopted: EmbedderIdentity | None = self.adopted.get("embedder")
+        return EmbedderIdentity.of(self.embedder) if adopted is None else adopted
 
     def hello(self) -> ClientHello:
         program = shorten_command(list(getattr(sys, "orig_argv", sys.argv)) or ["python"])
-        return ClientHello(
-            current_pid(), program, self.terms, wire_identity(EmbedderIdentity.of(self.embedder))
+        return ClientHello(current_pid(), program, self.terms, wire_identity(self.identity))
+
+    def adopt_from(self, owner: OwnerHello) -> None:
+        """Take the owner's value of each setting this store adopts.
+
+        Kept after the owner goes: a takeover serves the file as it was served (its TTL,
+        its sync mode), not with values this process was never given.
+        """
+        if "ttl" in self.adopt:
+            self.adopted["ttl"] = owner.terms.ttl
+        if "sync_mode" in self.adopt:
+            self.adopted["sync_mode"] = owner.terms.sync_mode
+            if self.options_for is not None and owner.terms.sync_mode != self.terms.sync_mode:
+                self.options = self.options_for(owner.terms.sync_mode)
+        if "embedder" in self.adopt:
+            self.adopted["embedder"] = EmbedderIdentity(*owner.identity)
+        self.terms = Terms(
+            self.adopted.get("ttl", self.terms.ttl), self.adopted.get("sync_mode", self.terms.sync_mode)
         )
 
 
@@ -121,7 +148,7 @@ def _still_waiting(
 
 def _owned(opening: Opening, mode: Mode, local: LocalFile) -> LocalTransport:
     try:
-        mode.owned(opening.resolved, local)
+        mode.owned(opening.resolved, local, opening.terms)
     except BaseException:
         local.release()  # else this process would hold the file and serve no one
         raise
@@ -130,8 +157,9 @@ def _owned(opening: Opening, mode: Mode, local: LocalFile) -> LocalTransport:
 
 
 def _agree(opening: Opening, remote: RemoteOwner) -> None:
-    """Refuse an owner whose settings fixed per file differ from this process's."""
-    problems = disagreements(remote.owner, opening.hello())
+    """Refuse an owner whose settings fixed per file differ from this process's; adopt the rest."""
+    problems = disagreements(remote.owner, opening.hello(), opening.adopt)
     if problems:
         remote.close()
         raise refusals.settings_differ(problems, remote.owner.pid, opening.resolved)
+    opening.adopt_from(remote.owner)

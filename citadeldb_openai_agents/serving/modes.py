@@ -28,8 +28,8 @@ class Mode(Protocol):
     def opening(self, path: str) -> contextlib.AbstractContextManager[None]:
         """Held while this process opens the file (it may hold the lock and serve no one yet)."""
 
-    def owned(self, path: str, local: LocalFile) -> None:
-        """This process now owns the file."""
+    def owned(self, path: str, local: LocalFile, terms: Terms) -> None:
+        """This process now owns the file, under `terms` (told to its clients)."""
 
     def released(self, path: str) -> None:
         """This store let go of the file it owned."""
@@ -43,17 +43,16 @@ class ServeToOthers:
 
     serves = True
 
-    def __init__(self, key: SocketKey, terms: Terms) -> None:
+    def __init__(self, key: SocketKey) -> None:
         self.key = key
-        self.terms = terms
 
     def opening(self, path: str) -> contextlib.AbstractContextManager[None]:
         return hosting.opening(path)
 
-    def owned(self, path: str, local: LocalFile) -> None:
+    def owned(self, path: str, local: LocalFile, terms: Terms) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(exclusive_mark(path))  # a killed serve = false owner's
-        hosting.start_serving(path, local, self.key, self.terms)
+        hosting.start_serving(path, local, self.key, terms)
 
     def released(self, path: str) -> None:
         hosting.stop_serving(path)
@@ -71,7 +70,7 @@ class KeepToSelf:
     def opening(self, path: str) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
 
-    def owned(self, path: str, local: LocalFile) -> None:
+    def owned(self, path: str, local: LocalFile, terms: Terms) -> None:
         with open(exclusive_mark(path), "w", encoding="utf-8") as mark:
             mark.write(str(current_pid()))
 

@@ -18,6 +18,7 @@ and the few fields it carries; any other exception crosses as a `StorageError` t
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -91,18 +92,21 @@ def hello_to_wire(hello: ClientHello | OwnerHello) -> dict[str, Any]:
     return asdict(hello)
 
 
-def disagreements(owner: OwnerHello, mine: ClientHello) -> list[str]:
-    """The settings fixed per file on which a client differs from its owner, each with both values."""
+def disagreements(owner: OwnerHello, mine: ClientHello, adopted: Collection[str] = ()) -> list[str]:
+    """The settings fixed per file on which a client differs from its owner, each with both values.
+
+    A setting in `adopted` is the owner's to decide: it never disagrees.
+    """
     problems = []
-    if owner.terms.ttl != mine.terms.ttl:
+    if "ttl" not in adopted and owner.terms.ttl != mine.terms.ttl:
         problems.append(
             f"ttl: this process has {_ttl(mine.terms.ttl)}, the owner has {_ttl(owner.terms.ttl)}"
         )
-    if tuple(owner.identity) != tuple(mine.identity):
+    if "embedder" not in adopted and tuple(owner.identity) != tuple(mine.identity):
         problems.append(
             f"embedder: this process has {_identity(mine.identity)}, the owner has {_identity(owner.identity)}"
         )
-    if owner.terms.sync_mode != mine.terms.sync_mode:
+    if "sync_mode" not in adopted and owner.terms.sync_mode != mine.terms.sync_mode:
         problems.append(
             f"sync_mode: this process has {mine.terms.sync_mode!r}, the owner has {owner.terms.sync_mode!r}"
         )

@@ -55,11 +55,12 @@ def never_served(locked: DatabaseLockedError, waited: float, *, opening: bool = 
 
 
 def settings_differ(problems: list[str], owner: int, path: str) -> ConfigurationError:
-    """A setting fixed per file (TTL, embedder) differs between this process and the owner."""
+    """A setting fixed per file (TTL, embedder, sync mode) differs between this process and the owner."""
     return ConfigurationError(
         [
             f"{problem} (the owner is process {owner}, which holds {path}); "
-            "every process on one file needs the same value"
+            "every process on one file needs the same value: set the owner's, or leave it unset "
+            "(from_config then adopts the owner's; the store's adopt= argument does the same)"
             for problem in problems
         ]
     )

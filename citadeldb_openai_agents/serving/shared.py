@@ -24,6 +24,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..embedders.protocol import Embedder, EmbedderIdentity
@@ -60,13 +61,17 @@ class SharedFile:
         create: bool,
         terms: Terms,
         serve: bool,
+        adopt: frozenset[str] = frozenset(),
+        options_for: Callable[[str], citadeldb.DatabaseOptions] | None = None,
     ) -> None:
         passphrase = Secret(key.encode("utf-8", "surrogatepass"))
         del key  # error trackers record a failed frame's locals
         resolved = resolve_path(path)
-        self._opening = Opening(path, resolved, passphrase, embedder, options, create, terms)
+        self._opening = Opening(
+            path, resolved, passphrase, embedder, options, create, terms, adopt, options_for
+        )
         self._socket_key = SocketKey(passphrase, resolved)
-        self._mode: Mode = ServeToOthers(self._socket_key, terms) if serve else KeepToSelf()
+        self._mode: Mode = ServeToOthers(self._socket_key) if serve else KeepToSelf()
         self._lock = threading.Lock()
         self._released = False
         self._transport: Transport | None = None
@@ -85,7 +90,17 @@ class SharedFile:
     @property
     def identity(self) -> EmbedderIdentity:
         local = self._local
-        return EmbedderIdentity.of(self._opening.embedder) if local is None else local.identity
+        return self._opening.identity if local is None else local.identity
+
+    @property
+    def terms(self) -> Terms:
+        """The TTL and sync mode this store writes with: its own, or those adopted from the owner."""
+        return self._opening.terms
+
+    @property
+    def adopted(self) -> dict[str, Any]:
+        """The settings fixed per file this store took from an owner, with their values."""
+        return dict(self._opening.adopted)
 
     @property
     def served_by(self) -> int | None:
