@@ -279,11 +279,11 @@ def run_kills(tmp_path: Path, kills: int) -> None:
 
 # Citadel applies the sync mode at each open: the writers open the file with it.
 @pytest.mark.parametrize("sync_mode", ["", "off"], ids=["default", "off"])
-def test_acknowledged_turns_survive_30_sigkills(
+def test_acknowledged_turns_survive_8_sigkills(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sync_mode: str
 ) -> None:
     monkeypatch.setenv("CRASH_SYNC_MODE", sync_mode)
-    run_kills(tmp_path, kills=30)
+    run_kills(tmp_path, kills=8)
 
 
 @pytest.mark.slow

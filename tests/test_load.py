@@ -392,7 +392,7 @@ def test_uvicorn_stopped_by_sigterm_closes_the_store_in_its_lifespan_and_leaves_
         assert find_lock_holder(database) is None
 
 
-@pytest.mark.parametrize("kills", [2, pytest.param(10, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("kills", [1, pytest.param(10, marks=pytest.mark.slow)])
 def test_uvicorn_workers_keep_every_acknowledged_turn_when_the_owning_worker_is_killed(
     tmp_path: Path, kills: int
 ) -> None:

@@ -472,8 +472,8 @@ def _kill_and_rerun(files: Files, kills: int, seed: int, rng: random.Random) -> 
     assert readbacks >= kills // 2, "the erased keys were read back after too few moves"
 
 
-def test_a_move_killed_at_10_random_moments_never_loses_a_session(tmp_path: Path) -> None:
-    run_move_kills(tmp_path, kills=10)
+def test_a_move_killed_at_4_random_moments_never_loses_a_session(tmp_path: Path) -> None:
+    run_move_kills(tmp_path, kills=4)
 
 
 @pytest.mark.slow
@@ -481,10 +481,10 @@ def test_a_move_killed_at_40_random_moments_never_loses_a_session(tmp_path: Path
     run_move_kills(tmp_path, kills=40)
 
 
-def test_a_move_through_a_serving_owner_killed_at_4_random_moments_never_loses_a_session(
+def test_a_move_through_a_serving_owner_killed_at_2_random_moments_never_loses_a_session(
     tmp_path: Path,
 ) -> None:
-    run_move_kills(tmp_path, kills=4, served=True)
+    run_move_kills(tmp_path, kills=2, served=True)
 
 
 @pytest.mark.slow
