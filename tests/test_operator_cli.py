@@ -609,19 +609,22 @@ def test_verify_a_file_too_damaged_to_open_exits_1_with_a_readable_message(
 
 def service_holding(database: Path, *, serve: bool) -> subprocess.Popen[str]:
     """A service process holding the file (serving it to others, or keeping it to itself)."""
+    return holding(
+        database,
+        "import os, sys\n"
+        "from citadeldb_openai_agents import CitadelSessionStore\n"
+        "store = CitadelSessionStore(sys.argv[1], os.environ['HOLDER_KEY'], serve=sys.argv[2] == 'yes')\n"
+        "print('ready', flush=True)\n"
+        "sys.stdin.read()\n"
+        "store.close()\n",
+        "yes" if serve else "no",
+    )
+
+
+def holding(database: Path, script: str, *args: str) -> subprocess.Popen[str]:
+    """`script` run on the file with its passphrase in HOLDER_KEY, once it says it is ready."""
     holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import os, sys\n"
-            "from citadeldb_openai_agents import CitadelSessionStore\n"
-            "store = CitadelSessionStore(sys.argv[1], os.environ['HOLDER_KEY'], serve=sys.argv[2] == 'yes')\n"
-            "print('ready', flush=True)\n"
-            "sys.stdin.read()\n"
-            "store.close()\n",
-            str(database),
-            "yes" if serve else "no",
-        ],
+        [sys.executable, "-c", script, str(database), *args],
         env=environment(database, HOLDER_KEY=PASSPHRASE),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -786,26 +789,15 @@ CONFIGURED_SERVICE = (
 )
 
 
-def configured_service(database: Path) -> subprocess.Popen[str]:
-    holder = subprocess.Popen(
-        [sys.executable, "-c", CONFIGURED_SERVICE, str(database)],
-        env=environment(database, HOLDER_KEY=PASSPHRASE),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
-    return holder
-
-
 def test_an_operator_command_adopts_the_settings_it_does_not_set_and_refuses_one_that_disagrees(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     database = tmp_path / "service.cdl"
-    holder = configured_service(database)
+    holder = holding(database, CONFIGURED_SERVICE)
     try:
         env = environment(database)  # the path and the passphrase only
         checked = run("check", env=env)
+        checked_json = run("check", "--json", env=env)
         listed = run("sessions", env=env)
         disagreeing = run("sessions", env={**env, "CITADEL_TTL": "1h"})
         # The same through the API: from_config leaves the unset ones to the owner.
@@ -828,9 +820,14 @@ def test_an_operator_command_adopts_the_settings_it_does_not_set_and_refuses_one
     assert checked.returncode == 0, checked.stderr
     assert f"held by process {holder.pid}, serving" in checked.stdout
     assert "ttl: 30d, the owner's (not set here, so adopted)" in checked.stdout
-    assert re.search(r"^  ttl +unset \(the owner's: 30d\) +default$", checked.stdout, re.MULTILINE)
+    assert re.search(r"^  ttl +the owner's: 30d +default$", checked.stdout, re.MULTILINE)
     assert "sync_mode: off, the owner's (not set here, so adopted)" in checked.stdout
     assert "embedder: mock-fnv1a-bow-v1 (dim 64, cosine), the owner's" in checked.stdout
+    assert json.loads(checked_json.stdout)["database"]["adopted"] == {
+        "ttl": 30 * 86400,
+        "sync_mode": "off",
+        "embedder": {"model_id": "mock-fnv1a-bow-v1", "dim": 64, "metric": "cosine"},
+    }
     assert listed.returncode == 0 and "alice" in listed.stdout, listed.stderr
     assert disagreeing.returncode == 1
     assert "ttl: this process has ttl 1h, the owner has ttl 30d" in disagreeing.stderr

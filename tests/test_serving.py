@@ -650,37 +650,45 @@ SERVED_BY_WITH_SETTINGS = textwrap.dedent(
 )
 
 
-def test_adopted_settings_stay_when_the_adopter_takes_the_file_over(db_path: Path) -> None:
+@contextlib.contextmanager
+def owner_running(script: str, path: Path) -> Iterator[subprocess.Popen[str]]:
+    """`script` run on `path` (it prints "ready" once it owns the file); killed at the end."""
     owner = subprocess.Popen(
-        [sys.executable, "-c", OWNER_WITH_SETTINGS, str(db_path), KEY],
+        [sys.executable, "-c", script, str(path), KEY],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
         assert owner.stdout is not None and owner.stdout.readline() == "ready\n"
-        with CitadelSessionStore(db_path, KEY, adopt=("ttl", "sync_mode")) as adopter:
-            assert adopter.served_by == owner.pid
-            assert (adopter.ttl, adopter.adopted) == (3600, {"ttl": 3600, "sync_mode": "off"})
-            owner.kill()
-            owner.wait(timeout=30)
-            asyncio.run(adopter.session("s").add_items(items("written after the owner died")))
-            assert adopter.served_by is None  # took the file over
-            assert adopter.ttl == 3600
-            # It serves the file as it was served (not with its own default sync mode): a
-            # process set like the old owner is its client.
-            like_the_old_owner = subprocess.run(
-                [sys.executable, "-c", SERVED_BY_WITH_SETTINGS, str(db_path), KEY],
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
-            assert like_the_old_owner.stdout.strip() == str(os.getpid()), like_the_old_owner.stderr
-            assert adopter.export("s") == items("written after the owner died")
+        yield owner
     finally:
-        if owner.poll() is None:
-            owner.kill()
-            owner.wait(timeout=30)
+        owner.kill()
+        owner.wait(timeout=30)
+
+
+def test_adopted_settings_stay_when_the_adopter_takes_the_file_over(db_path: Path) -> None:
+    with (
+        owner_running(OWNER_WITH_SETTINGS, db_path) as owner,
+        CitadelSessionStore(db_path, KEY, adopt=("ttl", "sync_mode")) as adopter,
+    ):
+        assert adopter.served_by == owner.pid
+        assert (adopter.ttl, adopter.adopted) == (3600, {"ttl": 3600, "sync_mode": "off"})
+        owner.kill()
+        owner.wait(timeout=30)
+        asyncio.run(adopter.session("s").add_items(items("written after the owner died")))
+        assert adopter.served_by is None  # took the file over
+        assert adopter.ttl == 3600
+        # It serves the file as it was served (not with its own default sync mode): a
+        # process set like the old owner is its client.
+        like_the_old_owner = subprocess.run(
+            [sys.executable, "-c", SERVED_BY_WITH_SETTINGS, str(db_path), KEY],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert like_the_old_owner.stdout.strip() == str(os.getpid()), like_the_old_owner.stderr
+        assert adopter.export("s") == items("written after the owner died")
 
 
 def test_adopt_names_only_settings_fixed_per_file(db_path: Path) -> None:
@@ -723,23 +731,14 @@ OWNER_WITH_ANOTHER_EMBEDDER = textwrap.dedent(
 async def test_an_adopted_embedder_is_a_name_only_so_a_takeover_with_another_is_refused(
     db_path: Path,
 ) -> None:
-    owner = subprocess.Popen(
-        [sys.executable, "-c", OWNER_WITH_ANOTHER_EMBEDDER, str(db_path), KEY],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert owner.stdout is not None and owner.stdout.readline() == "ready\n"
-        with CitadelSessionStore(db_path, KEY, adopt=["embedder"]) as adopter:
-            assert adopter.embedder_identity.dim == 64
-            owner.kill()
-            owner.wait(timeout=30)
-            with pytest.raises(EmbedderMismatchError, match="dim 64, embedder has dim 128"):
-                await adopter.session("s").add_items(items("not written"))
-    finally:
-        if owner.poll() is None:
-            owner.kill()
-            owner.wait(timeout=30)
+    with (
+        owner_running(OWNER_WITH_ANOTHER_EMBEDDER, db_path) as owner,
+        CitadelSessionStore(db_path, KEY, adopt=["embedder"]) as adopter,
+    ):
+        assert adopter.embedder_identity.dim == 64
+        owner.kill()
+        owner.wait(timeout=30)
+        with pytest.raises(EmbedderMismatchError, match="dim 64, embedder has dim 128"):
+            await adopter.session("s").add_items(items("not written"))
     with CitadelSessionStore(db_path, KEY, embedder=citadeldb.MockEmbedder(dim=64)) as store:
         assert store.session_ids() == []

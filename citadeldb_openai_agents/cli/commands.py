@@ -75,7 +75,7 @@ def init(args: argparse.Namespace) -> int:
         print(f"  {os.path.basename(made):<34} mode {os.stat(made).st_mode & 0o777:o}")
     print(f"  argon2 profile: {settings.argon2_profile or _UNSET_PROFILE}")
     print(f"  sync mode:      {settings.sync_mode or DEFAULT_SYNC_MODE + ' (the default)'}")
-    print(f"  embedder:       {identity.model_id} (dim {identity.dim}, {identity.metric})")
+    print(f"  embedder:       {render.describe_embedder(identity)}")
     return 0
 
 

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any
 
+from .. import EmbedderIdentity
 from ..config import CheckReport
 from ..options import DEFAULT_CACHE_PAGES, format_duration
 from ..results import Erasure, ExportSummary, ImportReport, IntegrityReport, MoveSummary, SessionSummary
@@ -38,7 +39,7 @@ def print_check_report(report: CheckReport) -> None:
         elif database.passphrase_verified and database.served_by is not None:
             print(f"  held by process {database.served_by}, serving; passphrase verified through the owner")
             for name, value in database.adopted.items():
-                print(f"  {name}: {value}, the owner's (not set here, so adopted)")
+                print(f"  {name}: {_text(name, value)}, the owner's (not set here, so adopted)")
             print(f"  sessions:   {database.sessions}")
             print(f"  size:       {database.size_bytes} bytes ({human(database.size_bytes)})")
         elif database.passphrase_verified:
@@ -66,7 +67,9 @@ def _print_settings(report: CheckReport) -> None:
     width = max(len(row.name) for row in report.settings)
     adopted = {} if report.database is None else report.database.adopted
     values = [
-        f"unset (the owner's: {adopted[row.name]})" if row.name in adopted else _text(row.name, row.value)
+        f"the owner's: {_text(row.name, adopted[row.name])}"
+        if row.name in adopted
+        else _text(row.name, row.value)
         for row in report.settings
     ]
     value_width = min(max(len(value) for value in values), 40)
@@ -93,9 +96,15 @@ def _text(name: str, value: Any) -> str:
         return ", ".join(value) if value else "none"
     if name == "ttl":
         return format_duration(value)
+    if isinstance(value, EmbedderIdentity):
+        return describe_embedder(value)
     if isinstance(value, bool):
         return str(value).lower()  # as written in the TOML file and the variables
     return str(value)
+
+
+def describe_embedder(identity: EmbedderIdentity) -> str:
+    return f"{identity.model_id} (dim {identity.dim}, {identity.metric})"
 
 
 def human(size: float) -> str:

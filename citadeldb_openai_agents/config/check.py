@@ -12,7 +12,6 @@ from typing import Any
 
 from ..embedders.protocol import Embedder
 from ..errors import CitadelSessionError, ConfigurationError, DatabaseLockedError
-from ..options import format_duration
 from ..results import LockHolder
 from ..storage.files import database_size, resolve_path
 from .load import ConfigSource, build_embedder, load_settings, no_database, open_store, relative_path_warning
@@ -38,8 +37,8 @@ class DatabaseReport:
     `locked`: another process holds the file and does not serve it, so it was not
     opened; `held_by` is that process when it can be known. `served_by`: another
     process holds the file and serves it; the passphrase was verified through it.
-    `adopted`: the settings fixed per file this configuration leaves unset, taken from
-    that process, each as it would be written in the TOML file.
+    `adopted`: the settings fixed per file this configuration leaves unset, with the
+    values taken from that process (`CitadelSessionStore.adopted`).
     """
 
     path: str
@@ -50,7 +49,7 @@ class DatabaseReport:
     locked: bool = False
     held_by: LockHolder | None = None
     served_by: int | None = None
-    adopted: dict[str, str] = field(default_factory=dict)
+    adopted: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -177,7 +176,7 @@ def _check_database(settings: CitadelSettings, embedder: Embedder, problems: lis
         with open_store(settings, embedder, existing_only=True, warn_relative=False) as store:
             sessions = len(store.session_ids())
             served_by = store.served_by
-            adopted = _adopted_text(store.adopted)
+            adopted = store.adopted
     except DatabaseLockedError as exc:
         # Normal while the service runs: the settings are fine, only the passphrase is unknown.
         who = "another process" if exc.holder is None else f"another process, {exc.holder}"
@@ -202,15 +201,3 @@ def _check_database(settings: CitadelSettings, embedder: Embedder, problems: lis
         served_by=served_by,
         adopted=adopted,
     )
-
-
-def _adopted_text(adopted: dict[str, Any]) -> dict[str, str]:
-    shown = {}
-    for name, value in adopted.items():
-        if name == "ttl":
-            shown[name] = "unset (keep forever)" if value is None else format_duration(value)
-        elif name == "embedder":
-            shown[name] = f"{value.model_id} (dim {value.dim}, {value.metric})"
-        else:
-            shown[name] = str(value)
-    return shown

@@ -23,6 +23,7 @@ from ..errors import (
 )
 from ..hints import closest
 from ..offline import reembed, verify_file
+from ..options import FIXED_PER_FILE
 from ..results import IntegrityReport, Progress, ReembedSummary
 from ..storage.files import resolve_path
 from ..store import CitadelSessionStore
@@ -195,10 +196,12 @@ def left_to_the_owner(settings: CitadelSettings) -> list[str]:
     def unset(name: str) -> bool:
         return settings.provenance(name).origin.kind == DEFAULT
 
-    names = [name for name in ("ttl", "sync_mode") if unset(name)]
-    if all(unset(name) for name in settings.setting_names() if name.startswith("embedder.")):
-        names.append("embedder")
-    return names
+    every = settings.setting_names()
+    return [
+        name
+        for name in FIXED_PER_FILE  # "embedder" is a table: unset when every field of it is
+        if all(unset(field) for field in every if field == name or field.startswith(f"{name}."))
+    ]
 
 
 def no_database(settings: CitadelSettings, *, existing_only: bool) -> DatabaseNotFoundError:

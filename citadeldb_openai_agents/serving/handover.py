@@ -52,7 +52,7 @@ class Opening:
     options: citadeldb.DatabaseOptions
     create: bool
     terms: Terms
-    # The settings fixed per file (protocol.FIXED_PER_FILE) this store takes from the owner
+    # The settings fixed per file (options.FIXED_PER_FILE) this store takes from the owner
     # it is a client of, with the values taken; and the options for an adopted sync mode.
     adopt: frozenset[str] = frozenset()
     options_for: Callable[[str], citadeldb.DatabaseOptions] | None = None
