@@ -1,7 +1,7 @@
 """The SDK's full read at every turn is answered from payloads the process kept, never wrongly.
 
 A segment's payloads are kept once a read or this process's own writes have seen them all
-(storage/completeness.py). These tests hold them to what the file holds: the same items in
+(storage/segment_cache.py). These tests hold them to what the file holds: the same items in
 the same order after appends and pops, none past its expiry, none of an erased item, none
 after a write by another path, and no more than the budget.
 """
@@ -39,7 +39,7 @@ def count_file_reads(store: CitadelSessionStore, monkeypatch: pytest.MonkeyPatch
 
 def held_texts(store: CitadelSessionStore, session_id: str) -> list[str]:
     state = store._file._local._layout.state(session_id)
-    return [payload for kept in state.rows.values() for payload in (kept.payloads or {}).values()]
+    return [payload for kept in state.cache.values() for payload in (kept.payloads or {}).values()]
 
 
 async def test_reads_after_this_processs_appends_and_pops_are_answered_from_memory_and_match_the_file(
@@ -114,7 +114,7 @@ async def test_a_kept_segment_missing_a_payload_is_read_from_the_file(
     session = store.session("s")
     await session.add_items(items("s", 4))
     state = store._file._local._layout.state("s")
-    kept = state.rows[state.segments[-1]]
+    kept = state.cache[state.segments[-1]]
     assert kept.payloads is not None and len(kept.payloads) == 4
     del kept.payloads[min(kept.payloads)]  # as a write path that forgot to keep its payloads would
     assert await session.get_items() == items("s", 4)
@@ -132,8 +132,8 @@ async def test_an_erased_items_text_is_not_kept(make_store: Callable[..., Citade
     await session.clear_session()
     assert held_texts(store, "s") == []
     await store.session("t").add_items(items("t", 1))  # the next segment held looks at the oldest
-    held = store._file._local._layout.completeness._held
-    assert all(ref() is not None for ref, _ in held.values()), "an erased session's rows are still counted"
+    held = store._file._local._layout.caches._held
+    assert all(ref() is not None for ref, *_ in held.values()), "an erased session's rows are still counted"
 
 
 async def test_a_write_by_another_path_sends_the_next_read_to_the_file(
@@ -158,15 +158,15 @@ async def test_payloads_kept_stay_within_the_budget_and_reads_stay_whole(
     make_store: Callable[..., CitadelSessionStore], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = make_store()
-    completeness = store._file._local._layout.completeness
-    monkeypatch.setattr(completeness, "payload_budget", 600)  # about two sessions of 5 items
+    caches = store._file._local._layout.caches
+    monkeypatch.setattr(caches, "budget", 600)  # about two sessions of 5 items
     names = [f"user-{n}" for n in range(6)]
     for name in names:
         await store.session(name).add_items(items(name, 5))
     for _ in range(2):
         for name in names:
             assert await store.session(name).get_items() == items(name, 5)
-            assert completeness._held_size <= 600
+            assert caches.held_bytes <= 600
     held = [name for name in names if held_texts(store, name)]
     assert 0 < len(held) < len(names)
     assert sum(len(text) for name in names for text in held_texts(store, name)) <= 600

@@ -123,7 +123,7 @@ def twelve(tmp_path: Path) -> tuple[Path, str, FileContents]:
 def indexed(store: CitadelSessionStore, session_id: str) -> set[int]:
     """The item ids the store's in-memory search index holds for the session (its scan)."""
     state = store._file._local._layout.state(session_id)
-    return {atom for index in state.search.values() for atom in index.ids}
+    return {atom for kept in state.cache.values() if kept.search is not None for atom in kept.search.ids}
 
 
 def prefix_of(store: CitadelSessionStore, session_id: str) -> str:

@@ -45,8 +45,8 @@ class MemoryHandle:
     either, for the same reason.
 
     It also counts, by region name (None: a call that named none), the calls that may
-    have changed a region: the rows a process keeps to check its reads against are
-    right only while their region's count holds (completeness.py), whichever code
+    have changed a region: what a process keeps of a segment is right only while its
+    region's count holds (segment_cache.py), whichever code
     path wrote.
     """
 

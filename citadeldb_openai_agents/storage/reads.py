@@ -18,6 +18,7 @@ from .completeness import now_micros
 from .records import segment_name
 from .search_blocks import word_hashes
 from .search_index import rank
+from .segment_cache import Stamp
 from .segments import SessionLayout, SessionState
 
 
@@ -37,13 +38,13 @@ def newest_in(
 ) -> list[AtomHit]:
     region = layout.region(memory, state, number)
     if number == state.segments[-1]:
-        ids = layout.tail_ids(memory, state)
+        ids = layout.tail_ids(state)
         expected = ids[-need:]
         after = ids[-need - 1] if len(ids) > need else None
         hits = memory.fetch(region, ITEM_KIND, limit=need, after_id=after)
         if [hit.id for hit in hits] == expected:
             return hits
-        state.tail_ids = None  # something expired (or went missing): look again
+        # Something expired meanwhile, or went missing: the newest by a scan, checked.
     hits = memory.fetch(region, ITEM_KIND, limit=need, newest=True)
     layout.completeness.check(state, {number: [hit.id for hit in hits]}, newest=need)
     return hits
@@ -63,14 +64,15 @@ def all_items(
 ) -> list[str]:
     """The payloads of every live item, oldest first; `progress` after each segment."""
     read: dict[int, list[int]] = {}
-    fetched: dict[int, tuple[tuple[int, int], list[tuple[int, str]]]] = {}
+    fetched: dict[int, tuple[Stamp, list[tuple[int, str]]]] = {}
     payloads: list[str] = []
+    now = now_micros()
     for done, number in enumerate(state.segments, 1):
-        cached = layout.completeness.cached(state, number)
+        cached = layout.caches.payloads(state, number, now)
         if cached is not None:
             payloads.extend(cached)
         else:
-            writes = layout.completeness.count(state, number)
+            writes = layout.caches.stamp(state, number)
             hits = layout.live_hits(memory, state, number)
             read[number] = [hit.id for hit in hits]
             fetched[number] = (writes, [(hit.id, hit.payload) for hit in hits])
@@ -80,7 +82,7 @@ def all_items(
     if read:
         layout.completeness.check(state, read)
         for number, (writes, found) in fetched.items():
-            layout.completeness.remember(state, number, found, writes)
+            layout.caches.payloads_read(state, number, found, writes)
     return payloads
 
 

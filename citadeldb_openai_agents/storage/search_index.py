@@ -4,8 +4,8 @@ The owner of a file keeps, per segment it has searched, the entries of its block
 atoms (search_blocks.py) decrypted in memory, so a search reads nothing but the
 items it returns. Every write to a segment updates its index in the same step
 (search_upkeep.py); an erased item's entry leaves the index with its block.
-Indexes are dropped, least recently used first, past `SEARCH_CACHE_BYTES`, and
-rebuilt from the blocks when next needed.
+Indexes are dropped, least recently used first, past the file's cache budget
+(segment_cache.py), and rebuilt from the blocks when next needed.
 
 Ranking (benchmarks/search_quality): by vector distance, a user message's
 distance weighed up by `USER_DISTANCE_FACTOR` (a question resembles a query more
@@ -16,9 +16,6 @@ items, scaled to the best match, times `KEYWORD_WEIGHT`. Ties go to the newer it
 from __future__ import annotations
 
 import math
-import threading
-from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,8 +29,6 @@ USER_DISTANCE_FACTOR = 1.3
 # all-MiniLM-L6-v2, and better than without it (docs/search.md); 0.2 hurts it.
 KEYWORD_WEIGHT = 0.03
 _BM25_K1, _BM25_B = 1.2, 0.75
-# About 300,000 items' entries at 384 dimensions.
-SEARCH_CACHE_BYTES = 128 * 1024 * 1024
 
 
 @dataclass
@@ -190,33 +185,3 @@ def _keyword_scores(
                 score += idf * tf * (_BM25_K1 + 1) / (tf + norm)
     best = max((float(score.max()) for score in scores if len(score)), default=0.0)
     return [score * (KEYWORD_WEIGHT / best) if best > 0 else score for score in scores]
-
-
-class SearchCache:
-    """Which segment indexes are held, least recently used first, within a byte budget."""
-
-    def __init__(self, budget: int = SEARCH_CACHE_BYTES) -> None:
-        self.budget = budget
-        self._used: OrderedDict[tuple[str, int], tuple[int, Callable[[], bool]]] = OrderedDict()
-        self._total = 0  # the bytes of every index in `_used`
-        self._lock = threading.Lock()
-
-    def note(self, key: tuple[str, int], nbytes: int, drop: Callable[[], bool]) -> None:
-        """`key`'s index was used and holds `nbytes`; `drop()` lets it go (False if it cannot now)."""
-        with self._lock:
-            self._forget(key)
-            self._used[key] = (nbytes, drop)
-            self._total += nbytes
-            for old in list(self._used):
-                if self._total <= self.budget or old == key:
-                    break
-                if self._used[old][1]():
-                    self._forget(old)
-
-    def forget(self, key: tuple[str, int]) -> None:
-        with self._lock:
-            self._forget(key)
-
-    def _forget(self, key: tuple[str, int]) -> None:
-        size, _ = self._used.pop(key, (0, None))
-        self._total -= size

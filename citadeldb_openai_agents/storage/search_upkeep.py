@@ -40,6 +40,7 @@ from .codec import (
 )
 from .search_blocks import Entries, block_atom, derive, read_block
 from .search_index import Chunk, SegmentIndex
+from .segment_cache import SegmentCache
 from .segments import ALL, SessionLayout, SessionState
 
 logger = logging.getLogger("citadeldb_openai_agents")
@@ -47,24 +48,14 @@ logger = logging.getLogger("citadeldb_openai_agents")
 
 def loaded(layout: SessionLayout, memory: Memory, state: SessionState, number: int) -> SegmentIndex:
     """The segment's complete index: kept in memory, or read from its blocks (checked, repaired)."""
-    index = state.search.get(number)
-    if index is None or not index.complete:
-        index = _load(layout, memory, state, number, index)
-        state.search[number] = index
-    layout.search_cache.note((state.hid, number), index.nbytes, lambda: _drop_idle(state, number, index))
+    cached = layout.caches.entry(state, number)
+    index = cached.search
+    if index is not None and index.complete:
+        layout.caches.touch(state, number, cached)
+        return index
+    with layout.caches.writing(state, number) as cached:  # a repair writes
+        index = cached.search = _load(layout, memory, state, number, index)
     return index
-
-
-def _drop_idle(state: SessionState, number: int, index: SegmentIndex) -> bool:
-    """Let a cached index go, unless its session is busy or it holds entries not yet stored."""
-    if index.pending or not state.lock.acquire(blocking=False):
-        return False
-    try:
-        if state.search.get(number) is index:
-            del state.search[number]
-        return True
-    finally:
-        state.lock.release()
 
 
 def _load(
@@ -167,11 +158,9 @@ def _question_before(layout: SessionLayout, memory: Memory, state: SessionState,
 
 
 def pending_atoms(
-    layout: SessionLayout, state: SessionState, number: int, index: SegmentIndex | None = None
+    layout: SessionLayout, index: SegmentIndex | None
 ) -> tuple[list[Chunk], list[dict[str, object]]]:
-    """The entries of the segment's index (or of `index`, one not yet in place) that wait for
-    a block, and the block atoms that would store them."""
-    index = index if index is not None else state.search.get(number)
+    """The entries of a segment's index that wait for a block, and the block atoms that would store them."""
     chunks = index.pending if index is not None else []
     atoms = [block_atom(c.entries, layout.identity.dim, c.expires_at, own=False) for c in chunks]
     return chunks, atoms
@@ -181,20 +170,27 @@ def store_pending(
     layout: SessionLayout, memory: Memory, state: SessionState, number: int, index: SegmentIndex | None = None
 ) -> None:
     """Store, in one commit, the entries of the segment's index (or of `index`) that wait for a block."""
-    chunks, atoms = pending_atoms(layout, state, number, index)
-    if atoms:
-        ids = memory.remember_batch(layout.region(memory, state, number), atoms)
-        for chunk, atom in zip(chunks, ids, strict=True):
-            chunk.block = atom
+    with layout.caches.writing(state, number) as cached:
+        chunks, atoms = pending_atoms(layout, index if index is not None else cached.search)
+        if atoms:
+            ids = memory.remember_batch(layout.region(memory, state, number), atoms)
+            for chunk, atom in zip(chunks, ids, strict=True):
+                chunk.block = atom
+
+
+def store_all_pending_of(layout: SessionLayout, memory: Memory, state: SessionState) -> None:
+    """The session's entries that wait for a block, in every segment (under its lock)."""
+    waiting = [n for n, cached in state.cache.items() if cached.search is not None and cached.search.pending]
+    for number in waiting:
+        if number in state.segments:
+            store_pending(layout, memory, state, number)
 
 
 def store_all_pending(layout: SessionLayout, memory: Memory) -> None:
     """Before the file closes: every session's entries that wait for a block."""
     for state in layout.states():
         with state.lock:
-            for number in [n for n, index in state.search.items() if index.pending]:
-                if number in state.segments:
-                    store_pending(layout, memory, state, number)
+            store_all_pending_of(layout, memory, state)
 
 
 def take_out(
@@ -202,7 +198,7 @@ def take_out(
 ) -> list[int]:
     """Before erasing these items of a segment: the block atoms holding their entries, to be
     forgotten with them. The blocks' other entries wait in memory for a new block."""
-    index = state.search.get(number)
+    index = layout.caches.entry(state, number).search
     if index is None or not index.complete:
         fast = _own_block(layout, memory, state, number, ids, index)
         if fast is not None:
@@ -237,14 +233,12 @@ def _own_block(
         return None
     rest = waiting if waiting is not None else SegmentIndex(layout.identity.dim, complete=False)
     rest.add(entries.select(entries.ids != ids[0]), 0, hit.expires_at)
-    state.search[number] = rest
+    layout.caches.entry(state, number).search = rest
     return [hit.id]
 
 
 def appended(
-    layout: SessionLayout,
-    state: SessionState,
-    number: int,
+    cached: SegmentCache,
     entries: Entries,
     block: int,
     expires_at: int | None,
@@ -253,13 +247,6 @@ def appended(
     """A batch and its block were stored (with `flushed`: pending chunks and their new blocks)."""
     for chunk, atom in flushed:
         chunk.block = atom
-    index = state.search.get(number)
+    index = cached.search
     if index is not None and index.complete:
         index.add(entries, block, expires_at)
-        layout.search_cache.note((state.hid, number), index.nbytes, lambda: _drop_idle(state, number, index))
-
-
-def expired(state: SessionState, now: int) -> None:
-    """Expired items were evicted (their blocks with them): drop their entries from memory."""
-    for index in state.search.values():
-        index.drop_expired(now)

@@ -45,7 +45,7 @@ from ..embedders.protocol import Embedder, EmbedderIdentity
 from ..errors import CorruptDatabaseError, EmbedderMismatchError
 from .audit import AuditVerdict
 from .codec import ITEM_KIND
-from .completeness import CompletenessCheck, KeptRows, RowReader
+from .completeness import CompletenessCheck, RowReader, now_micros
 from .records import (
     CATALOG_KIND,
     CATALOG_REGION,
@@ -57,7 +57,8 @@ from .records import (
     segment_name,
     session_hid,
 )
-from .search_index import SearchCache, SegmentIndex
+from .search_index import SegmentIndex
+from .segment_cache import SegmentCache, SegmentCaches
 
 SEGMENT_CAPACITY = 256
 ALL = 2**63 - 1  # fetch's default limit is 100; "everything" must be asked for.
@@ -74,18 +75,11 @@ class SessionState:
     segments: list[int] = field(default_factory=list)
     catalog_id: int | None = None
     record: CatalogRecord | None = None
-    # Live atom ids of the tail segment, ascending, when known: they let a read of the
-    # newest N seek (`after_id`) instead of scanning the segment.
-    tail_ids: list[int] | None = None
-    tail_stored: int = 0
-    # The item rows the pages hold, by segment, as far as this process keeps them
-    # (completeness.py): every read is checked against them.
-    rows: dict[int, KeptRows] = field(default_factory=dict)
-    # The text of the session's latest user message, when known: a reply's vector is
-    # computed with the question it answers (see `append`).
-    last_question: str | None = None
-    # Search data in memory, by segment number (search_index.py).
-    search: dict[int, SegmentIndex] = field(default_factory=dict)
+    # What this process knows of each segment, by number (segment_cache.py).
+    cache: dict[int, SegmentCache] = field(default_factory=dict)
+    # The text of the session's latest user message and when it was right: a reply's
+    # vector is computed with the question it answers (writes.append).
+    question: tuple[str, tuple[object, ...]] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
@@ -113,12 +107,12 @@ class SessionLayout:
         self.embedder = embedder
         self.identity = EmbedderIdentity.of(embedder)
         self.path = path
-        self.completeness = CompletenessCheck(rows, writes, path)
+        self.caches = SegmentCaches(writes)
+        self.completeness = CompletenessCheck(rows, self.caches, path)
         self._attached: set[str] = set()
         self._states: dict[str, SessionState] = {}  # by hid
         self._by_id: dict[str, SessionState] = {}
         self._states_lock = threading.Lock()
-        self.search_cache = SearchCache()
         self._attach(memory, META_REGION)
         self._attach(memory, CATALOG_REGION)
         self._salt, layout_format = self._load_meta(memory)
@@ -276,8 +270,9 @@ class SessionLayout:
         self.write_record(memory, state)
         region = self.region(memory, state, number)
         state.segments.append(number)
-        state.tail_ids, state.tail_stored = [], 0
-        self.completeness.keep(state, number, {})  # a new region: empty
+        # A new region: empty, so its rows, payloads and search entries are all known.
+        index = SegmentIndex(self.identity.dim, complete=True)
+        state.cache[number] = SegmentCache(self.caches.stamp(state, number), {}, {}, index)
         return region
 
     def drop_segment(self, memory: Memory, state: SessionState, number: int, *, unlist: bool = True) -> None:
@@ -291,28 +286,22 @@ class SessionLayout:
         memory.drop_region(name)
         self._attached.discard(name)
         state.segments.remove(number)
-        state.search.pop(number, None)  # its search data went with the region
-        state.rows.pop(number, None)
-        self.search_cache.forget((state.hid, number))
-        if not state.segments or number > state.segments[-1]:
-            state.tail_ids = None
-            state.tail_stored = 0
+        state.cache.pop(number, None)  # what it held went with the region
 
-    def tail_ids(self, memory: Memory, state: SessionState) -> list[int]:
-        if state.tail_ids is None:
-            number = state.segments[-1]
-            hits = self.live_hits(memory, state, number)
-            self.completeness.check(state, {number: [hit.id for hit in hits]})
-            state.tail_ids = [hit.id for hit in hits]
-            state.tail_stored = max(state.tail_stored, len(state.tail_ids))
-        return state.tail_ids
+    def tail_ids(self, state: SessionState) -> list[int]:
+        """The tail segment's live item ids, ascending, as the pages list them: a read of the
+        newest N seeks from one (`after_id`) instead of scanning the segment."""
+        number = state.segments[-1]
+        atoms = self.completeness.atoms(state, [number])[number]
+        return sorted(a for a, expires in atoms.items() if expires is None or expires > now_micros())
 
     def has_live(self, memory: Memory, state: SessionState, number: int) -> bool:
         return bool(memory.fetch(self.region(memory, state, number), ITEM_KIND, limit=1))
 
-    def tail_stored(self, memory: Memory, state: SessionState) -> int:
-        self.tail_ids(memory, state)
-        return state.tail_stored
+    def tail_stored(self, state: SessionState) -> int:
+        """How many item rows the tail segment holds, expired or not."""
+        number = state.segments[-1]
+        return len(self.completeness.atoms(state, [number])[number])
 
     def detach(self, name: str) -> None:
         """Forget that a region is attached (it was dropped)."""

@@ -130,7 +130,6 @@ def _finish(layout: SessionLayout, memory: Memory, state: SessionState) -> None:
     erase_items(layout, memory, state, record.erasing)
     record.erasing, record.replacing = [], None
     layout.write_record(memory, state)
-    state.last_question = None  # it may have been erased
 
 
 def erase_items(layout: SessionLayout, memory: Memory, state: SessionState, atoms: list[int]) -> None:
@@ -150,12 +149,11 @@ def erase_items(layout: SessionLayout, memory: Memory, state: SessionState, atom
         if here and len(here) == len(hits) and not tail:
             layout.drop_segment(memory, state, number)  # its keys go with it (tests/test_erasure.py)
         elif here:
-            # Their search data goes in the same forget (search_upkeep.take_out).
-            blocks = search_upkeep.take_out(layout, memory, state, number, here)
-            memory.forget(layout.region(memory, state, number), here + blocks)
-            search_upkeep.store_pending(layout, memory, state, number)
-            if tail:
-                state.tail_ids = None
-                state.tail_stored = max(0, state.tail_stored - len(here))
+            with layout.caches.writing(state, number) as cached:
+                # Their search data goes in the same forget (search_upkeep.take_out).
+                blocks = search_upkeep.take_out(layout, memory, state, number, here)
+                memory.forget(layout.region(memory, state, number), here + blocks)
+                cached.remove(here)
+                search_upkeep.store_pending(layout, memory, state, number)
         if hits and hits[0].id <= min(remaining, default=0):
             break

@@ -65,38 +65,23 @@ def append(
     atoms = _batch_atoms(batch, vectors, entries, layout.identity.dim, batch_id)
     region = _tail_region(layout, memory, state)
     number = state.segments[-1]
-    # Entries a pop left without a block go in the same commit, instead of one of their own.
-    pending, pending_atoms = search_upkeep.pending_atoms(layout, state, number)
-    kept = layout.completeness.kept(state, number)
-    # A failed batch writes nothing; an empty listed segment is a valid tail.
-    written = memory.remember_batch(region, atoms + pending_atoms)
-    ids, block = written[: len(batch)], written[len(batch)]
-    if ids != list(range(block - len(ids), block)):
-        # The block names its items by position (the ids just before it); these are not.
-        payload = block_atom(entries.with_ids(ids), layout.identity.dim, None, own=False)["payload"]
-        memory.update_atom_payload(region, block, payload)
-    flushed = list(zip(pending, written[len(atoms) :], strict=True))
-    search_upkeep.appended(layout, state, number, entries.with_ids(ids), block, batch.expires_at, flushed)
-    appended = dict(zip(ids, batch.payloads, strict=True))
-    _count_appended(layout, state, number, kept, appended, batch.expires_at)
-    state.last_question = question
-
-
-def _count_appended(
-    layout: SessionLayout,
-    state: SessionState,
-    number: int,
-    kept: dict[int, int | None] | None,
-    appended: dict[int, str],
-    expires_at: int | None,
-) -> None:
-    """The tail's ids and count, and the segment's kept rows, with the batch just written."""
-    if state.tail_ids is not None:
-        state.tail_ids.extend(appended)
-    if kept is not None:
-        kept.update(dict.fromkeys(appended, expires_at))
-        layout.completeness.keep(state, number, kept, appended)
-    state.tail_stored += len(appended)
+    with layout.caches.writing(state, number) as cached:
+        # Entries a pop left without a block go in the same commit, instead of one of their own.
+        pending, pending_atoms = search_upkeep.pending_atoms(layout, cached.search)
+        # A failed batch writes nothing; an empty listed segment is a valid tail.
+        written = memory.remember_batch(region, atoms + pending_atoms)
+        ids, block = written[: len(batch)], written[len(batch)]
+        if ids != list(range(block - len(ids), block)):
+            # The block names its items by position (the ids just before it); these are not.
+            payload = block_atom(entries.with_ids(ids), layout.identity.dim, None, own=False)["payload"]
+            memory.update_atom_payload(region, block, payload)
+        flushed = list(zip(pending, written[len(atoms) :], strict=True))
+        search_upkeep.appended(cached, entries.with_ids(ids), block, batch.expires_at, flushed)
+        if cached.atoms is not None:
+            cached.atoms.update(dict.fromkeys(ids, batch.expires_at))
+            if cached.payloads is not None:
+                cached.payloads.update(zip(ids, batch.payloads, strict=True))
+    layout.caches.set_question(state, question)
 
 
 def _batch_atoms(
@@ -120,10 +105,9 @@ def _batch_atoms(
 
 def _tail_region(layout: SessionLayout, memory: Memory, state: SessionState) -> str:
     """The region a new batch goes in: the session's last segment, or a new one when it is full."""
-    if state.segments and layout.tail_stored(memory, state) < SEGMENT_CAPACITY:
+    if state.segments and layout.tail_stored(state) < SEGMENT_CAPACITY:
         return layout.region(memory, state, state.segments[-1])
-    for number in [n for n, index in state.search.items() if index.pending]:
-        search_upkeep.store_pending(layout, memory, state, number)
+    search_upkeep.store_all_pending_of(layout, memory, state)
     return layout.open_segment(memory, state)
 
 
@@ -137,10 +121,12 @@ def committed(layout: SessionLayout, memory: Memory, state: SessionState, batch:
 
 
 def last_question(layout: SessionLayout, memory: Memory, state: SessionState) -> str:
-    """The latest user message's text (looked up once, then kept up to date)."""
-    if state.last_question is None:
-        state.last_question = latest_question(newest(layout, memory, state, QUESTION_LOOKBACK)) or ""
-    return state.last_question
+    """The latest user message's text (looked up once, then kept while nothing else writes)."""
+    question = layout.caches.question(state)
+    if question is None:
+        question = latest_question(newest(layout, memory, state, QUESTION_LOOKBACK)) or ""
+        layout.caches.set_question(state, question)
+    return question
 
 
 def pop(
@@ -155,7 +141,6 @@ def pop(
     erased: a client of another process learns what it pops before the pop is done,
     so if the owner dies mid-call it can finish the pop safely (`pop_if_newest`).
     """
-    state.last_question = None  # it may be what goes
     while state.segments:
         number = state.segments[-1]
         hits = newest_in(layout, memory, state, number, 1)
@@ -167,27 +152,20 @@ def pop(
         if before_erasing is not None:
             before_erasing((hit.id, str(hit.payload)))
         record = layout.record(state)
-        if state.tail_ids == [hit.id] and record.segments is not None:
+        if layout.tail_ids(state) == [hit.id] and record.segments is not None:
             # The segment's last live item: dropping the segment erases its key too.
             layout.drop_segment(memory, state, number)
             return str(hit.payload)
-        # Its search data goes in the same forget (the block's other entries wait in memory).
-        blocks = search_upkeep.take_out(layout, memory, state, number, [hit.id])
-        record.erasing = [hit.id, *blocks]  # announced: a crash mid-erasure is not damage
-        layout.write_record(memory, state)
-        region = layout.region(memory, state, number)
-        kept = layout.completeness.kept(state, number)
-        receipt = memory.forget(region, [hit.id, *blocks])
+        with layout.caches.writing(state, number) as cached:
+            # Its search data goes in the same forget (the block's other entries wait in memory).
+            blocks = search_upkeep.take_out(layout, memory, state, number, [hit.id])
+            record.erasing = [hit.id, *blocks]  # announced: a crash mid-erasure is not damage
+            layout.write_record(memory, state)
+            receipt = memory.forget(layout.region(memory, state, number), [hit.id, *blocks])
+            cached.remove([hit.id])
         if receipt.rows_deleted == 0:
-            state.tail_ids = None
-            continue
-        if kept is not None:
-            kept.pop(hit.id, None)
-            layout.completeness.keep(state, number, kept)
-        if state.tail_ids:
-            state.tail_ids.remove(hit.id)
-        state.tail_stored = max(0, state.tail_stored - 1)
-        if not state.tail_ids and not layout.has_live(memory, state, number):
+            continue  # gone meanwhile (expired): the next newest
+        if not layout.tail_ids(state) and not layout.has_live(memory, state, number):
             layout.drop_segment(memory, state, number)
         return str(hit.payload)
     return None
@@ -218,7 +196,6 @@ def clear_through(layout: SessionLayout, memory: Memory, state: SessionState, th
     if hit.id <= through:
         clear(layout, memory, state)
         return
-    state.last_question = None  # it may be what goes
     for number in list(state.segments):
         ids = [hit.id for hit in layout.live_hits(memory, state, number) if hit.id <= through]
         if not ids:
@@ -226,14 +203,14 @@ def clear_through(layout: SessionLayout, memory: Memory, state: SessionState, th
         if not any(hit.id > through for hit in newest_in(layout, memory, state, number, 1)):
             layout.drop_segment(memory, state, number)  # all of it is older
             continue
-        blocks = search_upkeep.take_out(layout, memory, state, number, ids)
-        record = layout.record(state)
-        record.erasing = ids + blocks  # announced: a crash mid-erasure is not damage
-        layout.write_record(memory, state)
-        memory.forget(layout.region(memory, state, number), ids + blocks)
-        search_upkeep.store_pending(layout, memory, state, number)
-        if number == state.segments[-1]:
-            state.tail_ids = None
+        with layout.caches.writing(state, number) as cached:
+            blocks = search_upkeep.take_out(layout, memory, state, number, ids)
+            record = layout.record(state)
+            record.erasing = ids + blocks  # announced: a crash mid-erasure is not damage
+            layout.write_record(memory, state)
+            memory.forget(layout.region(memory, state, number), ids + blocks)
+            cached.remove(ids)
+            search_upkeep.store_pending(layout, memory, state, number)
         break
 
 
@@ -263,7 +240,6 @@ def clear(
     if before_erasing is not None:
         hit = newest_hit(layout, memory, state)
         before_erasing(0 if hit is None else hit.id)
-    state.last_question = None  # it may be what goes
     if state.catalog_id is not None:
         record = layout.record(state)
         if not record.clearing:
@@ -328,33 +304,30 @@ def erase(
 
 def erase_expired_head(layout: SessionLayout, memory: Memory, state: SessionState) -> None:
     """Erase expired atoms from the oldest segments (where expiry happens first)."""
-    erased = 0
     while state.segments:
         number = state.segments[0]
-        region = layout.region(memory, state, number)
-        erased += memory.evict(region, citadeldb.EvictionPolicy.expired())
+        _evict_expired(layout, memory, state, number)
         if len(state.segments) == 1 or layout.has_live(memory, state, number):
             break
         layout.drop_segment(memory, state, number)
-    if erased:
-        state.tail_ids = None
-        search_upkeep.expired(state, now_micros())
 
 
 def purge_expired(layout: SessionLayout, memory: Memory, state: SessionState) -> None:
     """Erase every expired atom of the session (items, their search data, write markers);
     drop segments left empty. `LocalFile.purge_expired` counts the items."""
-    state.last_question = None  # it may be what goes
-    evicted = 0
     for number in list(state.segments):
-        region = layout.region(memory, state, number)
-        evicted += memory.evict(region, citadeldb.EvictionPolicy.expired())
+        _evict_expired(layout, memory, state, number)
         if not layout.has_live(memory, state, number):
             layout.drop_segment(memory, state, number)
-    if evicted:
-        state.tail_ids = None
-        search_upkeep.expired(state, now_micros())
     if not state.segments and state.catalog_id is not None:
         memory.forget(CATALOG_REGION, [state.catalog_id])
         state.catalog_id = None
         state.record = None
+
+
+def _evict_expired(layout: SessionLayout, memory: Memory, state: SessionState, number: int) -> None:
+    """Citadel's eviction of what has expired in one segment; its cache entry loses the same."""
+    before = now_micros()  # Citadel's now is later: whatever expired by this time goes
+    with layout.caches.writing(state, number) as cached:
+        if memory.evict(layout.region(memory, state, number), citadeldb.EvictionPolicy.expired()):
+            cached.expired(before)
