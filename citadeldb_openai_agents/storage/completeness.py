@@ -60,7 +60,7 @@ class CompletenessCheck:
         now = now_micros()  # after the reads: an item that expired since may be gone
         missing = expected = 0
         for number, ids in read.items():
-            live = sorted(a for a, expires in kept[number].items() if expires is None or expires > now)
+            live = [a for a, expires in kept[number].items() if expires is None or expires > now]
             if newest is not None:
                 live = live[-newest:]
             expected += len(live)
@@ -69,7 +69,8 @@ class CompletenessCheck:
             raise self.damaged(state, missing, expected)
 
     def atoms(self, state: SessionState, numbers: list[int]) -> dict[int, dict[int, int | None]]:
-        """The item rows of these segments: kept, or looked up in the pages (in one query) and kept."""
+        """The item rows of these segments, ascending by id: kept, or looked up in the pages (in
+        one query) and kept."""
         found: dict[int, dict[int, int | None]] = {}
         unknown: dict[str, int] = {}
         for number in numbers:
@@ -82,7 +83,7 @@ class CompletenessCheck:
             stamps = {number: self._caches.stamp(state, number) for number in unknown.values()}  # before
             looked_up = self.rows(list(unknown))
             for name, number in unknown.items():
-                rows = found[number] = looked_up.get(name, {})
+                rows = found[number] = dict(sorted(looked_up.get(name, {}).items()))
                 self._caches.rows_read(state, number, rows, stamps[number])
         return found
 

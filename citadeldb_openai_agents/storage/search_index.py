@@ -51,12 +51,14 @@ class SegmentIndex:
         self.dim = dim
         self.complete = complete
         self.chunks: list[Chunk] = []
+        self._nbytes = 0  # of every chunk's entries, kept as they change (counted at every write)
         self._view: tuple[Entries, IntArray, npt.NDArray[np.int64]] | None = None
 
     def add(self, entries: Entries, block: int, expires_at: int | None) -> None:
         if len(entries):
             self.chunks.append(Chunk(entries, block, expires_at))
             self._view = None
+            self._nbytes += entries.nbytes
 
     @property
     def ids(self) -> set[int]:
@@ -68,7 +70,7 @@ class SegmentIndex:
 
     @property
     def nbytes(self) -> int:
-        return sum(chunk.entries.nbytes for chunk in self.chunks)
+        return self._nbytes
 
     def take_out(self, ids: set[int]) -> list[int]:
         """Remove these items' entries; return the blocks that held them.
@@ -86,11 +88,13 @@ class SegmentIndex:
             self.chunks[position] = Chunk(chunk.entries.select(~hit), 0, chunk.expires_at)
         self.chunks = [chunk for chunk in self.chunks if len(chunk.entries)]
         self._view = None
+        self._nbytes = sum(chunk.entries.nbytes for chunk in self.chunks)
         return blocks
 
     def drop_expired(self, now: int) -> None:
         self.chunks = [c for c in self.chunks if c.expires_at is None or c.expires_at > now]
         self._view = None
+        self._nbytes = sum(chunk.entries.nbytes for chunk in self.chunks)
 
     def view(self) -> tuple[Entries, IntArray, npt.NDArray[np.int64]]:
         """(every entry, each entry's expiry (max int64: never), each word's row)."""

@@ -48,18 +48,35 @@ class SegmentCache:
     """One segment as this process knows it, right while the region's write count is `writes`."""
 
     writes: Stamp
-    # Item rows the pages hold (atom id -> expiry in µs, or None), when looked up.
+    # Item rows the pages hold (atom id -> expiry in µs, or None), ascending by id, when looked up.
     atoms: dict[int, int | None] | None = None
     # The payload of every live item among `atoms`, when all of them are known.
     payloads: dict[int, str] | None = None
     search: SegmentIndex | None = None
     depth: int = 0  # writes under way (`writing`): stale stamps are expected meanwhile
+    text_bytes: int = 0  # characters in `payloads`, kept as they change
 
     def live(self, now: int) -> list[int] | None:
         """The ids of the unexpired items, ascending; None when the rows are not known."""
         if self.atoms is None:
             return None
-        return sorted(a for a, expires in self.atoms.items() if expires is None or expires > now)
+        return [a for a, expires in self.atoms.items() if expires is None or expires > now]
+
+    def add(self, payloads: dict[int, str], expires_at: int | None) -> None:
+        """These items were stored (their ids above every id the segment holds)."""
+        if self.atoms is None or not payloads:
+            return
+        if self.atoms and min(payloads) < next(reversed(self.atoms)):
+            self.atoms = self.payloads = None  # not in order after all: looked up again
+            return
+        self.atoms.update(dict.fromkeys(payloads, expires_at))
+        if self.payloads is not None:
+            self.payloads.update(payloads)
+            self.text_bytes += sum(map(len, payloads.values()))
+
+    def hold(self, payloads: dict[int, str]) -> None:
+        """Keep these as the segment's live payloads (a read that passed the completeness check)."""
+        self.payloads, self.text_bytes = payloads, sum(map(len, payloads.values()))
 
     def remove(self, ids: Iterable[int]) -> None:
         """These items were erased: their rows and payloads go (an erased item's text is not kept)."""
@@ -67,7 +84,7 @@ class SegmentCache:
             if self.atoms is not None:
                 self.atoms.pop(atom, None)
             if self.payloads is not None:
-                self.payloads.pop(atom, None)
+                self.text_bytes -= len(self.payloads.pop(atom, ""))
 
     def expired(self, before: int) -> None:
         """Citadel evicted what had expired by `before` (or later): those rows and entries go."""
@@ -78,7 +95,7 @@ class SegmentCache:
 
     @property
     def nbytes(self) -> int:
-        text = sum(map(len, self.payloads.values())) if self.payloads is not None else 0
+        text = self.text_bytes if self.payloads is not None else 0
         return text + (self.search.nbytes if self.search is not None else 0)
 
 
@@ -151,7 +168,7 @@ class SegmentCaches:
         """A read that passed the completeness check got the segment's live payloads at stamp `at`."""
         entry = self.get(state, number)
         if entry is not None and entry.atoms is not None and at == entry.writes == self.stamp(state, number):
-            entry.payloads = dict(hits)
+            entry.hold(dict(hits))
             self.touch(state, number, entry)
 
     def payloads(self, state: SessionState, number: int, now: int) -> list[str] | None:
@@ -161,7 +178,7 @@ class SegmentCaches:
         live = None if entry is None else entry.live(now)
         if payloads is None or live is None or any(atom not in payloads for atom in live):
             return None
-        self.touch(state, number, entry)
+        self.used(state, number)
         return [payloads[atom] for atom in live]
 
     def question(self, state: SessionState) -> str | None:
@@ -175,6 +192,13 @@ class SegmentCaches:
 
     def _session_stamp(self, state: SessionState) -> tuple[object, ...]:
         return tuple(self.stamp(state, number) for number in state.segments) + tuple(state.segments)
+
+    def used(self, state: SessionState, number: int) -> None:
+        """The segment's entry was read: the most recently used (its size unchanged)."""
+        with self._lock:
+            key = (state.hid, number)
+            if key in self._held:
+                self._held.move_to_end(key)
 
     def touch(self, state: SessionState, number: int, entry: SegmentCache | None = None) -> None:
         """Count the entry's payloads and search entries against the budget, as the most recently used."""

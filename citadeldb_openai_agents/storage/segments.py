@@ -293,7 +293,8 @@ class SessionLayout:
         newest N seeks from one (`after_id`) instead of scanning the segment."""
         number = state.segments[-1]
         atoms = self.completeness.atoms(state, [number])[number]
-        return sorted(a for a, expires in atoms.items() if expires is None or expires > now_micros())
+        now = now_micros()
+        return [a for a, expires in atoms.items() if expires is None or expires > now]
 
     def has_live(self, memory: Memory, state: SessionState, number: int) -> bool:
         return bool(memory.fetch(self.region(memory, state, number), ITEM_KIND, limit=1))

@@ -77,10 +77,7 @@ def append(
             memory.update_atom_payload(region, block, payload)
         flushed = list(zip(pending, written[len(atoms) :], strict=True))
         search_upkeep.appended(cached, entries.with_ids(ids), block, batch.expires_at, flushed)
-        if cached.atoms is not None:
-            cached.atoms.update(dict.fromkeys(ids, batch.expires_at))
-            if cached.payloads is not None:
-                cached.payloads.update(zip(ids, batch.payloads, strict=True))
+        cached.add(dict(zip(ids, batch.payloads, strict=True)), batch.expires_at)
     layout.caches.set_question(state, question)
 
 
