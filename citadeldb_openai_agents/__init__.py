@@ -28,6 +28,7 @@ from .errors import (
     SessionNotFoundError,
     StorageError,
     WrongPassphraseError,
+    WrongShardError,
 )
 from .migration.copy import copy_session
 from .migration.files import export_all, export_sqlite, import_file
@@ -45,6 +46,7 @@ from .results import (
     SessionIntegrity,
     SessionSummary,
 )
+from .shards import shard_for
 from .store import CitadelSessionStore
 
 __all__ = [
@@ -86,12 +88,14 @@ __all__ = [
     "SessionSummary",
     "StorageError",
     "WrongPassphraseError",
+    "WrongShardError",
     "copy_session",
     "export_all",
     "export_sqlite",
     "from_config",
     "import_file",
     "reembed",
+    "shard_for",
     "verify_file",
 ]
 __version__ = "0.1.0"

@@ -23,6 +23,7 @@ exception reaches a caller: storage/translate.py turns each into one of these.
     ├── SessionNotEmptyError (ValueError)      an import into a session that holds other items
     ├── MoveConflictError (ValueError)         a move whose target holds other items, or whose session changed
     ├── ImportSourceError (ValueError)         an import's source cannot be read as a session file
+    ├── WrongShardError (LookupError)          the session belongs to another shard (names it)
     ├── BackupExistsError (FileExistsError)    a backup would overwrite a file
     └── ExportExistsError (FileExistsError)    an export would overwrite a file; nothing was written
 
@@ -140,6 +141,20 @@ class BackupExistsError(CitadelSessionError, FileExistsError):
 
 class ExportExistsError(CitadelSessionError, FileExistsError):
     """An export's destination file (or one of them) already exists; nothing was written."""
+
+
+class WrongShardError(CitadelSessionError, LookupError):
+    """The session belongs to another shard of the fleet (`owner`); nothing was read or written.
+
+    Raised by a store whose settings name the fleet's `shards` and this process's `shard`,
+    for every operation on a session `shard_for` places elsewhere.
+    """
+
+    def __init__(self, message: str, *, session_id: str, owner: str, shard: str) -> None:
+        super().__init__(message)
+        self.session_id = session_id
+        self.owner = owner
+        self.shard = shard
 
 
 class ConfigurationError(CitadelSessionError, ValueError):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .compaction import compaction_snapshot, replace_all
@@ -21,7 +21,8 @@ from .options import DEFAULT_SYNC_MODE, Argon2Profile, SyncMode, check_adopt, ch
 from .results import Erasure, HistoryHit, IntegrityReport, MoveSummary, Progress, SessionSummary
 from .serving.protocol import Terms
 from .serving.shared import SharedFile
-from .storage.codec import decode_item, decode_items, encode_batch, search_text
+from .shards import Ring
+from .storage.codec import decode_item, decode_items, encode_batch, placed_hits
 from .storage.local import database_options
 from .transfer.chunks import IMPORT_MODES, ImportMode, import_chunks
 from .transfer.moves import move_sessions
@@ -74,6 +75,9 @@ class CitadelSessionStore:
             file's owner when this store is its client, not refused if they differ
             (`adopted` says what was taken; a takeover keeps the owner's TTL and sync
             mode). `from_config` adopts every one the configuration leaves unset.
+        shards, shard: The fleet's shard names and this process's (`shard_for` places each
+            session on one): every operation on a session another shard holds then raises
+            `WrongShardError`, before anything is read or written.
 
     Stores (and `CitadelSession` objects) on the same file in one process share
     one open database; a different passphrase for an open file is refused. Every process
@@ -94,11 +98,14 @@ class CitadelSessionStore:
         create: bool = True,
         serve: bool = True,
         adopt: Collection[str] = (),
+        shards: Sequence[str] | None = None,
+        shard: str | None = None,
     ) -> None:
         try:
             check_passphrase(key)
             checked_ttl = check_ttl(ttl)
             adopted = check_adopt(adopt)
+            ring = Ring.of(shards, shard)
             self.session_settings = session_settings
             resolved_embedder = resolve_embedder(embedder)
             options = database_options(argon2_profile, sync_mode, cache_size)
@@ -114,6 +121,7 @@ class CitadelSessionStore:
                 serve=serve,
                 adopt=adopted,
                 options_for=lambda mode: database_options(argon2_profile, mode, cache_size),  # type: ignore[arg-type]
+                ring=ring,
             )
         finally:
             del key  # gone from this frame on every path: error trackers record its locals
@@ -150,10 +158,11 @@ class CitadelSessionStore:
         return self._closed
 
     def session(self, session_id: str, *, session_settings: SessionSettings | None = None) -> CitadelSession:
-        """A session of this store (created on its first write; nothing is written now)."""
+        """A session of this store (created on its first write); `WrongShardError` for another shard's."""
         from .session import CitadelSession
 
         self._check_open()
+        self._file.check_shard(session_id)
         settings = session_settings if session_settings is not None else self.session_settings
         return CitadelSession(session_id, store=self, session_settings=settings)
 
@@ -315,9 +324,8 @@ class CitadelSessionStore:
     def backup(self, destination: str | os.PathLike[str], *, progress: Progress | None = None) -> list[str]:
         """Write a consistent copy of the file and its companion files; return their paths.
 
-        Refuses a destination that exists (or whose companion files do). Erasures made
-        after the backup do not reach it: it keeps its own wrapped keys.
-        `progress(bytes written, bytes to write)` is called as the copy grows.
+        Refuses a destination that exists (or whose companion files do). Erasures made after the
+        backup do not reach it (it keeps its own wrapped keys). `progress(bytes done, bytes)`.
         """
         self._check_open()
         return self._file.backup(destination, progress)
@@ -334,10 +342,8 @@ class CitadelSessionStore:
         return self._file.verify(progress)
 
     def _not_found(self, session_id: str) -> SessionNotFoundError:
-        return SessionNotFoundError(
-            f"no session {session_id!r} with live items in {self.path}; "
-            "`python -m citadeldb_openai_agents sessions` lists them."
-        )
+        lister = "`python -m citadeldb_openai_agents sessions` lists them."
+        return SessionNotFoundError(f"no session {session_id!r} with live items in {self.path}; {lister}")
 
     def close(self) -> None:
         """Close the store; the file closes when the last store on it does. Idempotent.
@@ -362,12 +368,10 @@ class CitadelSessionStore:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "open"
-        return f"<CitadelSessionStore {self.path!r} ttl={self.ttl} {state}>"
+        return f"<CitadelSessionStore {self.path!r} ttl={self.ttl} {'closed' if self._closed else 'open'}>"
 
     def _check_process(self) -> None:
-        """Raise `ForkedStoreError` in a process forked from the one that opened the store (or
-        make this forked child a client of the parent that serves the file)."""
+        """`ForkedStoreError` in a forked child (or it becomes a client of the parent serving the file)."""
         self._file.check_process()
 
     def _check_open(self) -> None:
@@ -379,8 +383,7 @@ class CitadelSessionStore:
 
     def _expires_at(self) -> int | None:
         """When an item written now expires (µs since the epoch), or None."""
-        ttl = self.ttl
-        return None if ttl is None else int((time.time() + ttl) * 1_000_000)
+        return None if (ttl := self.ttl) is None else int((time.time() + ttl) * 1_000_000)
 
     async def _compaction_snapshot(self, session_id: str, limit: Any, prune: Any, unexpected: bool) -> Any:
         return await compaction_snapshot(self._file, self._expires_at, session_id, limit, prune, unexpected)
@@ -413,8 +416,4 @@ class CitadelSessionStore:
         """`_search`'s hits with their positions (identical hits once, with each position), and
         the session's item count: from the search data, without reading the session."""
         found, held = self._file.search_placed(session_id, query, limit)
-        where: dict[str, list[int]] = {}
-        for payload, position in found:
-            where.setdefault(payload, []).append(position)
-        hits = zip(where, decode_items(list(where)), strict=True)
-        return [HistoryHit(sorted(where[payload]), item, search_text(item)) for payload, item in hits], held
+        return placed_hits(found), held

@@ -39,7 +39,7 @@ DESIGN = PACKAGE.parent / "docs" / "design.md"
 # module imports only from its own layer or lower ones, counting imports made inside
 # functions and under TYPE_CHECKING too. docs/design.md states the same order.
 LAYERS = [
-    {"errors", "results", "hints", "options"},
+    {"errors", "results", "hints", "options", "shards"},
     {"embedders"},
     {"storage"},
     {"serving"},

@@ -173,6 +173,8 @@ def open_store(
             create=settings.create and not existing_only,
             serve=settings.serve,
             adopt=left_to_the_owner(settings),
+            shards=settings.shards,
+            shard=settings.shard,
         )
     except WrongPassphraseError as exc:
         hint = _key_file_hint(settings)

@@ -26,12 +26,14 @@ from pydantic import (
     PrivateAttr,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from ..errors import ConfigurationError
 from ..options import parse_duration
+from ..shards import Ring, check_shards
 from .names import (
     ENV_PREFIX,
     OPTION_VARIABLES,
@@ -148,6 +150,14 @@ class CitadelSettings(BaseSettings):
         "the first); false keeps it to one process (another gets DatabaseLockedError)",
     )
 
+    # Several machines: each shard a file of its own, each session on the one shard_for names.
+    shards: list[str] | None = Field(
+        None,
+        description="every shard of the fleet, by name (a TOML list, or comma-separated: a,b,c); "
+        "with shard, sessions of other shards are refused (WrongShardError)",
+    )
+    shard: str | None = Field(None, validate_default=True, description="this process's shard: one of shards")
+
     _provenance: dict[str, Provenance] = PrivateAttr(default_factory=dict)
     _config_file: Path | None = PrivateAttr(default=None)
 
@@ -245,6 +255,25 @@ class CitadelSettings(BaseSettings):
     @classmethod
     def _duration(cls, ttl: Any) -> float | None:
         return parse_duration(ttl)
+
+    @field_validator("shards", mode="before")
+    @classmethod
+    def _comma_separated(cls, shards: Any) -> Any:
+        return [name.strip() for name in shards.split(",")] if isinstance(shards, str) else shards
+
+    @field_validator("shards")
+    @classmethod
+    def _shard_names(cls, shards: list[str] | None) -> list[str] | None:
+        return None if shards is None else list(check_shards(shards))
+
+    @field_validator("shard")
+    @classmethod
+    def _one_of_the_shards(cls, shard: str | None, info: ValidationInfo) -> str | None:
+        shards = info.data.get("shards")
+        if shards is None and "shards" not in info.data:
+            return shard  # shards itself is wrong: reported once, there
+        Ring.of(shards, shard)  # ValueError: one without the other, or not one of them
+        return shard
 
     @field_validator("path", "key_file", "secrets_dir")
     @classmethod

@@ -38,6 +38,8 @@ SHADOWED = "<a passphrase overridden by a higher source>"
 
 # Relative paths in a TOML file are relative to that file, not to wherever the process starts.
 _PATH_FIELDS = ("path", "key_file", "secrets_dir")
+# Lists a variable may give as a, b, c rather than JSON.
+COMMA_SEPARATED = ("shards",)
 
 
 class Layer(PydanticBaseSettingsSource):
@@ -115,6 +117,13 @@ class EnvironmentSource(_ReportsBadJson, EnvSettingsSource):
                 sub: value for sub, value in embedder.items() if prefix + sub.upper() not in unknown
             }
         return values
+
+    def prepare_field_value(
+        self, field_name: str, field: FieldInfo, value: Any, value_is_complex: bool
+    ) -> Any:
+        if field_name in COMMA_SEPARATED and isinstance(value, str) and not value.lstrip().startswith("["):
+            return value  # CITADEL_SHARDS=a,b,c: split by the setting's validator
+        return super().prepare_field_value(field_name, field, value, value_is_complex)
 
     def _bad_json(self, field_name: str) -> str:
         return (

@@ -140,6 +140,8 @@ class Operation(Generic[T]):
         notes: Takes ``note``, told what it is about to erase before it erases (shape `noted`).
         batched: Its last two arguments are a batch id and `resent` (see `SharedFile._call`).
         marks_local: The batch id is stored on a call of this process's own too.
+        session: Its first argument is a session id: one session's operation, refused for a
+            session another shard holds (shards.Ring).
     """
 
     name: str
@@ -151,6 +153,7 @@ class Operation(Generic[T]):
     noted: Shape = _same
     batched: bool = False
     marks_local: bool = True
+    session: bool = True
     to_wire: Callable[[Any], Any] = _same
 
     def arguments(self, values: Any) -> tuple[Any, ...]:
@@ -211,14 +214,17 @@ REPLACE_SUFFIX = Operation[bool](
 ERASE = Operation[Erasure | None](
     "erase", (S, optional(text)), optional(_ERASURE), resend=False, to_wire=_plain
 )
-SESSION_IDS = Operation[list[str]]("session_ids", (), ITEMS, resend=True)
+# The file's: every session, or none.
+SESSION_IDS = Operation[list[str]]("session_ids", (), ITEMS, resend=True, session=False)
 SUMMARIES = Operation[list[tuple[str, int, int, int]]](
-    "summaries", (), many(pair(S, N, N, N)), resend=True, reports=True
+    "summaries", (), many(pair(S, N, N, N)), resend=True, reports=True, session=False
 )
-PURGE_EXPIRED = Operation[int]("purge_expired", (), whole, resend=True, reports=True)
-VERIFY = Operation[IntegrityReport]("verify", (), _REPORT, resend=True, reports=True, to_wire=_plain)
+PURGE_EXPIRED = Operation[int]("purge_expired", (), whole, resend=True, reports=True, session=False)
+VERIFY = Operation[IntegrityReport](
+    "verify", (), _REPORT, resend=True, reports=True, to_wire=_plain, session=False
+)
 # A second attempt would find the first one's files.
-BACKUP = Operation[list[str]]("backup", (S,), ITEMS, resend=False, reports=True)
+BACKUP = Operation[list[str]]("backup", (S,), ITEMS, resend=False, reports=True, session=False)
 
 OPERATIONS: dict[str, Operation[Any]] = {
     operation.name: operation

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..embedders.protocol import Embedder, EmbedderIdentity
 from ..errors import SessionClosedError, StorageError
 from ..results import Erasure, IntegrityReport, Progress
+from ..shards import Ring
 from ..storage.codec import Batch
 from ..storage.files import resolve_path
 from ..storage.local import LocalFile
@@ -63,6 +64,7 @@ class SharedFile:
         serve: bool,
         adopt: frozenset[str] = frozenset(),
         options_for: Callable[[str], citadeldb.DatabaseOptions] | None = None,
+        ring: Ring | None = None,
     ) -> None:
         passphrase = Secret(key.encode("utf-8", "surrogatepass"))
         del key  # error trackers record a failed frame's locals
@@ -73,6 +75,7 @@ class SharedFile:
         self._socket_key = SocketKey(passphrase, resolved)
         self._mode: Mode = ServeToOthers(self._socket_key) if serve else KeepToSelf()
         self._lock = threading.Lock()
+        self._ring = ring
         self._released = False
         self._transport: Transport | None = None
         try:
@@ -112,6 +115,11 @@ class SharedFile:
     def forked(self) -> bool:
         local = self._local
         return local is not None and local.forked
+
+    def check_shard(self, session_id: str) -> None:
+        """Raise `WrongShardError` if the fleet's ring places the session on another shard."""
+        if self._ring is not None:
+            self._ring.check(session_id)
 
     def check_process(self) -> None:
         """In a forked child, become a client of the parent that serves the file (or raise)."""
@@ -266,6 +274,8 @@ class SharedFile:
         declaration allows (`Operation.resend`), and raises `_GoneAfterNote` (once attached
         to the next owner) if the owner had noted what it was about to erase.
         """
+        if operation.session:
+            self.check_shard(args[0])  # before anything is read or written
         deadline: float | None = None
         note = None if noted is None else noted.append
         while True:

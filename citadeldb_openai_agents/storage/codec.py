@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidItemError
+from ..results import HistoryHit
 
 ITEM_KIND = "item"
 # A write marker: the id of a batch another process sent, stored with the batch (writes.py).
@@ -188,3 +189,12 @@ def latest_question(payloads: list[str]) -> str | None:
         if is_user_message(item):
             return search_text(item)
     return None
+
+
+def placed_hits(found: list[tuple[str, int]]) -> list[HistoryHit]:
+    """Search results (payload, position) as hits: identical items once, with each position."""
+    where: dict[str, list[int]] = {}
+    for payload, position in found:
+        where.setdefault(payload, []).append(position)
+    hits = zip(where, decode_items(list(where)), strict=True)
+    return [HistoryHit(sorted(where[payload]), item, search_text(item)) for payload, item in hits]
