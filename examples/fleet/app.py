@@ -1,0 +1,92 @@
+"""One shard of a fleet: an ASGI agent app, one agent turn per request, no API key.
+
+``POST /turn`` with ``{"session_id": ..., "text": ...}`` runs one `Runner.run` turn (a
+`ScriptedModel` that answers from its input: no network) against the session and answers
+200 with ``{"reply": ..., "items": N}``, N the session's item count after the turn. The
+store comes from `from_config()`: its citadel.toml names the fleet's ``shards`` and this
+process's ``shard``. A session of another shard is refused before anything is read
+(`WrongShardError`) and answered 421 with an ``X-Shard-Owner`` header naming its shard:
+the router in front (nginx.conf.template) sends the request there. ``GET /health``
+answers ``{"shard": name}``. No web framework.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from agents import Agent, Runner, set_tracing_disabled
+from agents.testing import ScriptedModel, assistant_message
+
+from citadeldb_openai_agents import CitadelSettings, WrongShardError, from_config
+
+set_tracing_disabled(True)
+settings = CitadelSettings()
+store = from_config(settings)
+
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+    """The ASGI entry point: the lifespan (the store closes at shutdown) and ``POST /turn``."""
+    if scope["type"] == "lifespan":
+        await _lifespan(receive, send)
+        return
+    if scope["type"] == "http" and scope["method"] == "GET" and scope["path"] == "/health":
+        await _respond(send, 200, {"shard": settings.shard})
+        return
+    if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != "/turn":
+        await _respond(send, 404, {"error": "not found"})
+        return
+    try:
+        request = json.loads(await _body(receive))
+        session_id, text = request["session_id"], request["text"]
+        if not isinstance(session_id, str) or not isinstance(text, str):
+            raise TypeError("session_id and text are strings")
+    except (ValueError, KeyError, TypeError) as exc:
+        await _respond(send, 400, {"error": f"expected {{'session_id': ..., 'text': ...}}: {exc}"})
+        return
+    try:
+        session = store.session(session_id)
+    except WrongShardError as exc:
+        owner = [(b"x-shard-owner", exc.owner.encode())]
+        await _respond(send, 421, {"error": str(exc), "owner": exc.owner}, owner)
+        return
+    history = await session.get_items()
+    # The model knows only its input: the reply says how many items the stored history fed it.
+    reply = f"{text!r} noted, after {len(history)} stored items"
+    agent = Agent(name="assistant", model=ScriptedModel([[assistant_message(reply)]]))
+    await Runner.run(agent, text, session=session)
+    await _respond(send, 200, {"reply": reply, "items": len(await session.get_items())})
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            store.close()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+async def _body(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+async def _respond(
+    send: Send, status: int, body: dict[str, Any], headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    data = json.dumps(body).encode()
+    head = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    head += headers or []
+    await send({"type": "http.response.start", "status": status, "headers": head})
+    await send({"type": "http.response.body", "body": data})

@@ -1,0 +1,162 @@
+"""Start a fleet on this machine: one uvicorn server per shard behind nginx, on 127.0.0.1.
+
+    python examples/fleet/run.py --shards a,b,c --port 8800 --dir /tmp/fleet
+
+Each shard runs app.py under ``uvicorn --workers 2`` on port PORT+1, PORT+2, ..., in
+DIR/<name>/, with its settings in DIR/<name>/citadel.toml (its file, its key file, the
+fleet's ``shards`` and its ``shard``) and its passphrase in DIR/<name>/citadel.key (a new
+random one, mode 600, unless the file exists). nginx (nginx.conf.template) listens on
+127.0.0.1:PORT. The process ids of each shard (uvicorn's master, then its workers) are in
+DIR/<name>/pids, one a line. Prints ``ready`` once every shard answers through nginx, and
+stops everything on SIGTERM or Ctrl-C (each shard's store closes in its lifespan).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--shards", required=True, help="the shards' names, comma-separated")
+    parser.add_argument("--port", type=int, required=True, help="nginx's port; the shards' follow it")
+    parser.add_argument("--dir", type=Path, required=True, help="where each shard's directory goes")
+    parser.add_argument("--workers", type=int, default=2, help="uvicorn workers per shard")
+    parser.add_argument("--argon2-profile", help="the key-derivation cost of new files (iot for tests)")
+    args = parser.parse_args()
+    names = [name.strip() for name in args.shards.split(",")]
+    root = args.dir.resolve()
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    started: list[subprocess.Popen[bytes]] = []
+    try:
+        ports = {name: args.port + 1 + number for number, name in enumerate(names)}
+        for name in names:
+            started.append(_start_shard(root / name, name, names, ports[name], args))
+        started.append(_start_nginx(root, args.port, ports))
+        for name, server in zip(names, started, strict=False):
+            _wait_for(args.port, name, [server, started[-1]], args.workers, root / name / "pids", stopping)
+        print("ready", flush=True)
+        stopping.wait()
+    finally:
+        _stop(started)
+    return 0
+
+
+def _start_shard(
+    directory: Path, name: str, names: list[str], port: int, args: argparse.Namespace
+) -> subprocess.Popen[bytes]:
+    directory.mkdir(parents=True, exist_ok=True)
+    key = directory / "citadel.key"
+    if not key.exists():
+        key.touch(mode=0o600)
+        key.write_text(secrets.token_urlsafe(32) + "\n")
+    listed = ", ".join(f'"{shard}"' for shard in names)
+    profile = f'argon2_profile = "{args.argon2_profile}"\n' if args.argon2_profile else ""
+    (directory / "citadel.toml").write_text(
+        f'path = "agent.cdl"\nkey_file = "citadel.key"\nshards = [{listed}]\nshard = "{name}"\n{profile}'
+    )
+    env = {**os.environ, "CITADEL_CONFIG": str(directory / "citadel.toml")}
+    command = [sys.executable, "-m", "uvicorn", "--app-dir", str(HERE), "--host", "127.0.0.1"]
+    command += ["--port", str(port), "--workers", str(args.workers), "--no-access-log", "app:app"]
+    log = open(directory / "server.log", "ab")  # noqa: SIM115 (the server's, for its life)
+    return subprocess.Popen(command, cwd=directory, env=env, stdout=log, stderr=log, start_new_session=True)
+
+
+def _start_nginx(root: Path, port: int, ports: dict[str, int]) -> subprocess.Popen[bytes]:
+    for part in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
+        (root / "nginx-tmp" / part).mkdir(parents=True, exist_ok=True)
+    servers = "\n".join(f"        server 127.0.0.1:{p} max_fails=1 fail_timeout=5s;" for p in ports.values())
+    shards = "".join(
+        f"\n    upstream shard_{name} {{\n        server 127.0.0.1:{p};\n    }}\n"
+        for name, p in ports.items()
+    )
+    conf = (
+        (HERE / "nginx.conf.template").read_text().format(dir=root, port=port, servers=servers, shards=shards)
+    )
+    (root / "nginx.conf").write_text(conf)
+    log = open(root / "nginx.log", "ab")  # noqa: SIM115
+    return subprocess.Popen(
+        ["nginx", "-p", str(root), "-c", str(root / "nginx.conf")],
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+    )
+
+
+def _wait_for(
+    port: int,
+    name: str,
+    needed: list[subprocess.Popen[bytes]],
+    workers: int,
+    pids: Path,
+    stopping: threading.Event,
+) -> None:
+    """Until the shard answers through nginx and all its workers have started; then its pids file."""
+    server = needed[0]
+    deadline = time.monotonic() + 120
+    while not stopping.is_set():
+        for process in needed:
+            if process.poll() is not None:
+                raise SystemExit(f"{process.args[0]} exited: see {name}/server.log and nginx.log")
+        children = _children(server.pid)
+        if len(children) >= workers and _healthy(port, name):
+            pids.write_text("".join(f"{pid}\n" for pid in [server.pid, *children]))
+            return
+        if time.monotonic() > deadline:
+            raise SystemExit(f"shard {name} did not answer through nginx within 120 s")
+        time.sleep(0.2)
+
+
+def _healthy(port: int, name: str) -> bool:
+    try:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        connection.request("GET", f"/shards/{name}/health")
+        return connection.getresponse().status == 200
+    except OSError:
+        return False
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return sorted(found)
+
+
+def _stop(started: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM to each process group this script made (a graceful stop), SIGKILL after 15 s."""
+    for process in started:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 15
+    for process in started:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # workers a killed master left behind
+
+
+if __name__ == "__main__":
+    sys.exit(main())
