@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from agents.memory import SessionSettings
 from agents.memory.session_settings import resolve_session_limit
 
-from .errors import SessionClosedError
+from .errors import CitadelSessionError, ForkedStoreError, SessionClosedError
 from .results import HistoryHit
 from .store import CitadelSessionStore
 from .tool import search_tool
@@ -180,6 +180,22 @@ class CitadelSession:
         self._check_open()
         return await asyncio.to_thread(self._store._search_with_positions, self.session_id, query, limit)
 
+    async def ping(self) -> bool:
+        """Whether the file answers (here, or through the process that owns it), as the SDK's
+        network sessions' ``ping`` says whether their server does.
+
+        Raises:
+            SessionClosedError: the session or its store is closed (as theirs raise once closed).
+        """
+        self._check_open()
+        try:
+            await asyncio.to_thread(self._store.summary, self.session_id)
+        except (SessionClosedError, ForkedStoreError):
+            raise
+        except CitadelSessionError:
+            return False
+        return True
+
     def close(self) -> None:
         """Close this session (and its store when the session opened it). Idempotent."""
         if self._closed:
@@ -187,6 +203,22 @@ class CitadelSession:
         self._closed = True
         if self._owns_store:
             self._store.close()
+
+    async def aclose(self) -> None:
+        """`close` from a coroutine: closing the store it opened happens in a worker thread."""
+        await asyncio.to_thread(self.close)
+
+    def __enter__(self) -> CitadelSession:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> CitadelSession:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
     def _check_open(self) -> None:
         # First: in a forked child, closed or not, the answer is the fork and its fix.

@@ -86,9 +86,12 @@ def _start_nginx(root: Path, port: int, ports: dict[str, int]) -> subprocess.Pop
         f"\n    upstream shard_{name} {{\n        server 127.0.0.1:{p};\n    }}\n"
         for name, p in ports.items()
     )
-    conf = (
-        (HERE / "nginx.conf.template").read_text().format(dir=root, port=port, servers=servers, shards=shards)
+    template = (HERE / "nginx.conf.template").read_text()
+    # FLEET_NGINX_LOG: access log directives in place of `access_log off` (benchmarks/fleet.py).
+    template = template.replace(
+        "    access_log off;", os.environ.get("FLEET_NGINX_LOG", "    access_log off;")
     )
+    conf = template.format(dir=root, port=port, servers=servers, shards=shards)
     (root / "nginx.conf").write_text(conf)
     log = open(root / "nginx.log", "ab")  # noqa: SIM115
     return subprocess.Popen(
