@@ -99,10 +99,9 @@ async def test_a_store_refuses_every_operation_on_another_shards_session_and_lea
         "summary": lambda: store.summary(theirs),
         "import_items": lambda: store.import_items(theirs, [{"role": "user", "content": "x"}], mode="append"),
     }
-    for name, call in refused.items():
+    for call in refused.values():
         with pytest.raises(WrongShardError, match="belongs to shard 'b'"):
             call()
-        print(name, "refused")
     store.close()
     with make_store() as unguarded:  # nothing was read or written: the misplaced session is whole
         assert await unguarded.session(theirs).get_items() == [

@@ -36,6 +36,11 @@ def now_micros() -> int:
     return time.time_ns() // 1000
 
 
+def live_ids(atoms: dict[int, int | None], now: int) -> list[int]:
+    """The ids among item rows (id -> expiry, ascending) that have not expired by `now`."""
+    return [atom for atom, expires in atoms.items() if expires is None or expires > now]
+
+
 class CompletenessCheck:
     """Checks reads of one file against its pages' rows, kept in each segment's cache entry.
 
@@ -60,7 +65,7 @@ class CompletenessCheck:
         now = now_micros()  # after the reads: an item that expired since may be gone
         missing = expected = 0
         for number, ids in read.items():
-            live = [a for a, expires in kept[number].items() if expires is None or expires > now]
+            live = live_ids(kept[number], now)
             if newest is not None:
                 live = live[-newest:]
             expected += len(live)

@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .completeness import live_ids
 from .records import segment_name
 from .search_index import SegmentIndex
 
@@ -60,7 +61,7 @@ class SegmentCache:
         """The ids of the unexpired items, ascending; None when the rows are not known."""
         if self.atoms is None:
             return None
-        return [a for a, expires in self.atoms.items() if expires is None or expires > now]
+        return live_ids(self.atoms, now)
 
     def add(self, payloads: dict[int, str], expires_at: int | None) -> None:
         """These items were stored (their ids above every id the segment holds)."""

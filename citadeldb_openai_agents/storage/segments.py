@@ -45,7 +45,7 @@ from ..embedders.protocol import Embedder, EmbedderIdentity
 from ..errors import CorruptDatabaseError, EmbedderMismatchError
 from .audit import AuditVerdict
 from .codec import ITEM_KIND
-from .completeness import CompletenessCheck, RowReader, now_micros
+from .completeness import CompletenessCheck, RowReader, live_ids, now_micros
 from .records import (
     CATALOG_KIND,
     CATALOG_REGION,
@@ -293,8 +293,7 @@ class SessionLayout:
         newest N seeks from one (`after_id`) instead of scanning the segment."""
         number = state.segments[-1]
         atoms = self.completeness.atoms(state, [number])[number]
-        now = now_micros()
-        return [a for a, expires in atoms.items() if expires is None or expires > now]
+        return live_ids(atoms, now_micros())
 
     def has_live(self, memory: Memory, state: SessionState, number: int) -> bool:
         return bool(memory.fetch(self.region(memory, state, number), ITEM_KIND, limit=1))
