@@ -45,6 +45,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -155,12 +156,20 @@ class AppServer:
         assert holder is not None, f"no process holds {self.database}"
         return holder.pid
 
-    def kill_owner(self, moment: str | None) -> int:
-        """SIGKILL the owner, while it holds a client's write `moment` its commit, or now (None)."""
+    def kill_owner(self, moment: str | None, load: Load) -> int:
+        """SIGKILL the owner, while it holds a client's write `moment` its commit, or now (None).
+
+        Only a write another worker sent the owner can be held, and the kernel picks the worker
+        that takes each request: `load` keeps sending past its count until one was held.
+        """
         held = Path(f"{self.hold_switch}.held")
         if moment is not None:
-            self.hold_switch.write_text(moment)
-            wait_until(held.exists, f"the owner to hold in a client's write, {moment} its commit")
+            with load.sending_until(held.exists):
+                self.hold_switch.write_text(moment)
+                wait_until(
+                    held.exists,
+                    lambda: f"the owner to hold in a client's write, {moment} its commit ({load})",
+                )
         owner = self.owner()
         os.kill(owner, signal.SIGKILL)
         held.unlink(missing_ok=True)
@@ -216,11 +225,13 @@ def children(pid: int) -> list[int]:
     return sorted(found)
 
 
-def wait_until(condition: Callable[[], bool], what: str) -> None:
+def wait_until(condition: Callable[[], bool], what: str | Callable[[], str]) -> None:
     """Poll another process's state (a file, a lock): no event crosses the process boundary."""
     deadline = time.monotonic() + TIMEOUT
     while not condition():
-        assert time.monotonic() < deadline, f"waited {TIMEOUT} s for {what}"
+        assert time.monotonic() < deadline, (
+            f"waited {TIMEOUT} s for {what if isinstance(what, str) else what()}"
+        )
         time.sleep(0.01)
 
 
@@ -268,6 +279,7 @@ class Load:
         self._port, self._requests = port, requests
         self.sent = self.answered = 0
         self._stopping = False
+        self._until: Callable[[], bool] = lambda: False
         self._threads = [
             threading.Thread(target=self._client, args=(SESSIONS[number::CLIENTS],), daemon=True)
             for number in range(CLIENTS)
@@ -281,7 +293,7 @@ class Load:
                 if session in self._left_out:
                     continue
                 with self._changed:
-                    if self._stopping or self.sent >= self._requests:
+                    if self._stopping or (self.sent >= self._requests and not self._until()):
                         return
                     self.sent += 1
                 text = f"{session} turn {len(self.turns[session])}"
@@ -298,6 +310,23 @@ class Load:
             assert self._changed.wait_for(lambda: self.answered >= count, TIMEOUT), (
                 f"{self.answered} of {count} requests answered in {TIMEOUT} s"
             )
+
+    @contextmanager
+    def sending_until(self, done: Callable[[], bool]) -> Iterator[None]:
+        """Past the run's count, clients keep sending until `done()` (checked before each request)."""
+        with self._changed:
+            assert any(thread.is_alive() for thread in self._threads), f"the load already ended ({self})"
+            self._until = lambda: not done()
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._until = lambda: False
+
+    def __str__(self) -> str:
+        outcomes = Counter(turn.outcome for turns in self.turns.values() for turn in turns)
+        alive = sum(thread.is_alive() for thread in self._threads)
+        return f"{self.sent} of {self._requests} sent, {self.answered} answered, {alive} clients left, {dict(outcomes)}"
 
     def leave_out(self, session: str) -> None:
         """No request for `session` from now on; returns once the one in flight, if any, ended."""
@@ -404,7 +433,7 @@ def test_uvicorn_workers_keep_every_acknowledged_turn_when_the_owning_worker_is_
         load.start(server.port, requests=560 + 100 * (kills - 1))
         for kill in range(kills):
             load.wait_answered(200 + 100 * kill)
-            killed.append(server.kill_owner(MOMENTS[kill % len(MOMENTS)]))
+            killed.append(server.kill_owner(MOMENTS[kill % len(MOMENTS)], load))
             server.wait_for_new_owner(killed)
         load.join()
         server.stop()
@@ -443,7 +472,7 @@ def test_gunicorn_preload_keeps_every_acknowledged_turn_when_the_master_is_kille
             server.kill_worker()
             server.wait_until_serving(WORKERS + 1)
             load.wait_answered(requests)
-            assert server.kill_owner(MOMENTS[kill % len(MOMENTS)]) == master
+            assert server.kill_owner(MOMENTS[kill % len(MOMENTS)], load) == master
             load.stop()  # the workers cannot take the file over: their inherited copy holds its lock
             started = time.monotonic()
             load.join()
