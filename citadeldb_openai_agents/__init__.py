@@ -22,6 +22,7 @@ from .errors import (
     ForkedStoreError,
     ImportSourceError,
     InvalidItemError,
+    LedgerError,
     MoveConflictError,
     SessionClosedError,
     SessionNotEmptyError,
@@ -32,7 +33,7 @@ from .errors import (
 )
 from .migration.copy import copy_session
 from .migration.files import export_all, export_sqlite, import_file
-from .offline import reembed, verify_file
+from .offline import reembed, restore_backup, verify_file
 from .results import (
     Erasure,
     ExportSummary,
@@ -75,6 +76,7 @@ __all__ = [
     "ImportSummary",
     "IntegrityReport",
     "InvalidItemError",
+    "LedgerError",
     "LegacyEmbedderAdapter",
     "LockHolder",
     "MoveConflictError",
@@ -95,6 +97,7 @@ __all__ = [
     "from_config",
     "import_file",
     "reembed",
+    "restore_backup",
     "shard_for",
     "verify_file",
 ]

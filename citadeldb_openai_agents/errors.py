@@ -143,6 +143,11 @@ class ExportExistsError(CitadelSessionError, FileExistsError):
     """An export's destination file (or one of them) already exists; nothing was written."""
 
 
+class LedgerError(CitadelSessionError):
+    """The erasure ledger cannot be written (the erasure was refused) or cannot be trusted
+    (a line changed or missing: a restore stops before it writes anything)."""
+
+
 class WrongShardError(CitadelSessionError, LookupError):
     """The session belongs to another shard of the fleet (`owner`); nothing was read or written.
 

@@ -1,4 +1,4 @@
-"""The calls on a file that no store holds open: inspecting a damaged one, and re-embedding."""
+"""The calls on a file that no store holds open: inspecting a damaged one, re-embedding, restoring."""
 
 from __future__ import annotations
 
@@ -6,9 +6,11 @@ import os
 from typing import Any
 
 from .embedders.providers import resolve_embedder
-from .options import check_passphrase
-from .results import IntegrityReport, Progress, ReembedSummary
-from .storage import local
+from .options import Argon2Profile, SyncMode, check_passphrase
+from .results import IntegrityReport, Progress, ReembedSummary, RestoreReport
+from .storage import inspection, local
+from .storage.engine import database_options
+from .storage.restore import restore
 
 
 def verify_file(path: str | os.PathLike[str], key: str) -> IntegrityReport:
@@ -20,7 +22,7 @@ def verify_file(path: str | os.PathLike[str], key: str) -> IntegrityReport:
     memory engine (which would delete what it cannot read).
     """
     try:
-        return local.verify_file(path, check_passphrase(key))
+        return inspection.verify_file(path, check_passphrase(key))
     finally:
         del key  # as in CitadelSessionStore.__init__: a failed frame's locals are recorded
 
@@ -38,3 +40,37 @@ def reembed(
         return local.reembed(path, check_passphrase(key), resolve_embedder(embedder), progress)
     finally:
         del key  # as in CitadelSessionStore.__init__: a failed frame's locals are recorded
+
+
+def restore_backup(
+    backup: str | os.PathLike[str],
+    path: str | os.PathLike[str],
+    key: str,
+    *,
+    erasure_ledger: str | os.PathLike[str] | None,
+    embedder: Any | None = None,
+    argon2_profile: Argon2Profile | None = None,
+    sync_mode: SyncMode | None = None,
+    replace: bool = False,
+) -> RestoreReport:
+    """Put the backup `backup` at `path`, erasing again what the erasure ledger recorded since.
+
+    A backup taken before an erasure still holds what was erased; with the ledger the
+    store kept (``erasure_ledger``), nothing erased comes back: the report names each
+    session the backup held that the ledger erased. `erasure_ledger=None` restores the
+    backup as it is (every erasure since it was taken comes back). The copy is verified
+    before it replaces anything; a file at `path` is replaced only with ``replace=True``,
+    and never while a process holds it (`DatabaseLockedError`).
+    """
+    try:
+        return restore(
+            backup,
+            path,
+            check_passphrase(key),
+            ledger=None if erasure_ledger is None else os.fspath(erasure_ledger),
+            embedder=resolve_embedder(embedder),
+            options=database_options(argon2_profile, sync_mode, None),
+            replace=replace,
+        )
+    finally:
+        del key

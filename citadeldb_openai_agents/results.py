@@ -192,3 +192,19 @@ class MoveSummary:
     def finished_before(self) -> bool:
         """True when an earlier run had finished the move: nothing was left to copy or erase."""
         return self.erasure is None
+
+
+@dataclass(frozen=True)
+class RestoreReport:
+    """What `restore_backup` did: the backup put at `path`, and what the ledger erased again."""
+
+    path: str
+    backup: str
+    sessions: int  # sessions holding items after the restore
+    ledger_entries: int  # this file's entries in the erasure ledger (0 without one)
+    erased: dict[str, int]  # per session, items the backup held that the ledger erased
+    ledger: str | None
+
+    @property
+    def items_erased(self) -> int:
+        return sum(self.erased.values())

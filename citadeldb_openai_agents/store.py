@@ -78,6 +78,8 @@ class CitadelSessionStore:
         shards, shard: The fleet's shard names and this process's (`shard_for` places each
             session on one): every operation on a session another shard holds then raises
             `WrongShardError`, before anything is read or written.
+        erasure_ledger: A file outside the database where the owner records every erasure
+            before it starts (`LedgerError` if it cannot), so `restore_backup` erases it again.
 
     Stores (and `CitadelSession` objects) on the same file in one process share
     one open database; a different passphrase for an open file is refused. Every process
@@ -100,6 +102,7 @@ class CitadelSessionStore:
         adopt: Collection[str] = (),
         shards: Sequence[str] | None = None,
         shard: str | None = None,
+        erasure_ledger: str | os.PathLike[str] | None = None,
     ) -> None:
         try:
             check_passphrase(key)
@@ -122,6 +125,7 @@ class CitadelSessionStore:
                 adopt=adopted,
                 options_for=lambda mode: database_options(argon2_profile, mode, cache_size),  # type: ignore[arg-type]
                 ring=ring,
+                ledger=None if erasure_ledger is None else os.fspath(erasure_ledger),
             )
         finally:
             del key  # gone from this frame on every path: error trackers record its locals
@@ -322,11 +326,8 @@ class CitadelSessionStore:
             keys.clear()
 
     def backup(self, destination: str | os.PathLike[str], *, progress: Progress | None = None) -> list[str]:
-        """Write a consistent copy of the file and its companion files; return their paths.
-
-        Refuses a destination that exists (or whose companion files do). Erasures made after the
-        backup do not reach it (it keeps its own wrapped keys). `progress(bytes done, bytes)`.
-        """
+        """Write a consistent copy of the file and its companions; return their paths. Refuses a
+        destination that exists. Later erasures reach it through `erasure_ledger` and `restore_backup`."""
         self._check_open()
         return self._file.backup(destination, progress)
 

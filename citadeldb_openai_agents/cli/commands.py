@@ -6,6 +6,7 @@ gets the same behaviour as the command line.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import getpass
 import logging
 import os
@@ -29,6 +30,7 @@ from ..config import (
     new_passphrase,
     open_existing_store,
     reembed_from_config,
+    restore_from_config,
     verify_from_config,
 )
 from ..options import DEFAULT_SYNC_MODE
@@ -326,8 +328,31 @@ def backup(args: argparse.Namespace) -> int:
     print(f"backed up {path} to {len(written)} files:")
     for name in written:
         print(f"  {name}  ({render.human(os.path.getsize(name))})")
-    print("to restore: stop the service, then copy these files back together under the database's name.")
+    print(
+        "to restore: stop the service, then run restore with this path (erasures made since are made again)."
+    )
     print("The copy opens with the passphrase of now; a later rotate-key does not change it.")
+    return 0
+
+
+def restore(args: argparse.Namespace) -> int:
+    with _warnings_printed():
+        report = restore_from_config(
+            args.backup, args.config, replace=args.replace, ledger=not args.without_ledger
+        )
+    if args.json:
+        render.print_json(dataclasses.asdict(report) | {"items_erased": report.items_erased})
+        return 0
+    print(f"restored {report.backup} to {report.path}: {render.count(report.sessions, 'session')}, verified")
+    if report.ledger is None:
+        print("no erasure ledger was replayed: every session erased since the backup is back.")
+        return 0
+    print(
+        f"the erasure ledger {report.ledger} ({render.count(report.ledger_entries, 'entry', 'entries')} for this file) "
+        f"erased again {render.count(report.items_erased, 'item')} the backup held:"
+    )
+    for session_id, items in sorted(report.erased.items()):
+        print(f"  {session_id}  {render.count(items, 'item')}")
     return 0
 
 

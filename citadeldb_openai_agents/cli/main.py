@@ -249,13 +249,7 @@ def _add_file_operations(add: Any, as_json: Any) -> None:
     backup.add_argument("dest", metavar="DEST", help="the new database file to write")
     backup.set_defaults(run=commands.backup)
 
-    add(
-        "reembed",
-        "re-embed the stored text with the configured embedder, keeping every item",
-        "citadeldb_openai_agents.reembed(path, key, embedder)",
-        "The fix when the file's items were embedded with another model than the configured "
-        "one (EmbedderMismatchError). If interrupted, run it again.",
-    ).set_defaults(run=commands.reembed)
+    _add_restore(add, as_json)
 
     add(
         "verify",
@@ -273,6 +267,35 @@ def _add_file_operations(add: Any, as_json: Any) -> None:
         "that open the file become its clients. Logs clients connecting and leaving to stderr. "
         "Exit 1 if another process already holds the file.",
     ).set_defaults(run=commands.serve)
+
+
+def _add_restore(add: Any, as_json: Any) -> None:
+    """restore (a backup put in place, the ledger's erasures made again) and reembed."""
+    restore = add(
+        "restore",
+        "put a backup in place, erasing again what the erasure ledger recorded since",
+        "citadeldb_openai_agents.restore_backup(backup, path, key, erasure_ledger=...)",
+        "Stop the service first. The backup is copied beside the database, the erasures the "
+        "ledger (erasure_ledger) recorded are made again in the copy, the copy is verified, and "
+        "only then does it replace the database's files. Prints each session erased again.",
+        as_json,
+    )
+    restore.add_argument("backup", metavar="BACKUP", help="the database file a backup wrote")
+    restore.add_argument("--replace", action="store_true", help="replace the database if it exists")
+    restore.add_argument(
+        "--without-ledger",
+        action="store_true",
+        help="restore the backup as it is (erased sessions come back)",
+    )
+    restore.set_defaults(run=commands.restore)
+
+    add(
+        "reembed",
+        "re-embed the stored text with the configured embedder, keeping every item",
+        "citadeldb_openai_agents.reembed(path, key, embedder)",
+        "The fix when the file's items were embedded with another model than the configured "
+        "one (EmbedderMismatchError). If interrupted, run it again.",
+    ).set_defaults(run=commands.reembed)
 
 
 def _variables_help() -> str:

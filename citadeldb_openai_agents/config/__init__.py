@@ -19,6 +19,7 @@ from .load import (
     load_settings,
     open_existing_store,
     reembed_from_config,
+    restore_from_config,
     verify_from_config,
 )
 from .model import CitadelSettings, EmbedderSettings
@@ -46,5 +47,6 @@ __all__ = [
     "open_existing_store",
     "read_key_file",
     "reembed_from_config",
+    "restore_from_config",
     "verify_from_config",
 ]

@@ -22,9 +22,9 @@ from ..errors import (
     WrongPassphraseError,
 )
 from ..hints import closest
-from ..offline import reembed, verify_file
+from ..offline import reembed, restore_backup, verify_file
 from ..options import FIXED_PER_FILE
-from ..results import IntegrityReport, Progress, ReembedSummary
+from ..results import IntegrityReport, Progress, ReembedSummary, RestoreReport
 from ..storage.files import resolve_path
 from ..store import CitadelSessionStore
 from .model import CitadelSettings
@@ -116,6 +116,36 @@ def reembed_from_config(config: ConfigSource = None, *, progress: Progress | Non
         raise no_database(settings, existing_only=True) from None
 
 
+def restore_from_config(
+    backup: str | os.PathLike[str], config: ConfigSource = None, *, replace: bool = False, ledger: bool = True
+) -> RestoreReport:
+    """`restore_backup` to the configured file, erasing again what its `erasure_ledger` recorded.
+
+    Without an ``erasure_ledger`` setting it is refused (every erasure since the backup would
+    come back) unless `ledger` is False.
+    """
+    settings = load_settings(config)
+    if ledger and settings.erasure_ledger is None:
+        raise ConfigurationError(
+            [
+                "erasure_ledger is not set: a restore without the erasure ledger brings back every "
+                "session erased since the backup was taken. Set erasure_ledger (CITADEL_ERASURE_LEDGER) "
+                "to the ledger the service keeps, or pass --without-ledger to restore the backup as it is"
+            ],
+            config_file=settings.config_file,
+        )
+    return restore_backup(
+        backup,
+        settings.path,
+        settings.key.get_secret_value(),
+        erasure_ledger=settings.erasure_ledger if ledger else None,
+        embedder=build_embedder(settings),
+        argon2_profile=settings.argon2_profile,
+        sync_mode=settings.sync_mode,
+        replace=replace,
+    )
+
+
 def build_embedder(settings: CitadelSettings) -> Embedder:
     """The embedder the ``[embedder]`` table describes, built by its provider.
 
@@ -175,6 +205,7 @@ def open_store(
             adopt=left_to_the_owner(settings),
             shards=settings.shards,
             shard=settings.shard,
+            erasure_ledger=settings.erasure_ledger,
         )
     except WrongPassphraseError as exc:
         hint = _key_file_hint(settings)

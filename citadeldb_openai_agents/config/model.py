@@ -158,6 +158,13 @@ class CitadelSettings(BaseSettings):
     )
     shard: str | None = Field(None, validate_default=True, description="this process's shard: one of shards")
 
+    # Outside the file it describes (beside the backups): what `restore` erases again.
+    erasure_ledger: Path | None = Field(
+        None,
+        description="where every erasure of the file is recorded (no session id in the clear), so that "
+        "restore never brings back what was erased after a backup; unset: not recorded",
+    )
+
     _provenance: dict[str, Provenance] = PrivateAttr(default_factory=dict)
     _config_file: Path | None = PrivateAttr(default=None)
 
@@ -275,7 +282,7 @@ class CitadelSettings(BaseSettings):
         Ring.of(shards, shard)  # ValueError: one without the other, or not one of them
         return shard
 
-    @field_validator("path", "key_file", "secrets_dir")
+    @field_validator("path", "key_file", "secrets_dir", "erasure_ledger")
     @classmethod
     def _expand_home(cls, path: Path | None) -> Path | None:
         return None if path is None else path.expanduser()

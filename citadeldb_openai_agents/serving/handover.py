@@ -57,6 +57,7 @@ class Opening:
     adopt: frozenset[str] = frozenset()
     options_for: Callable[[str], citadeldb.DatabaseOptions] | None = None
     adopted: dict[str, Any] = field(default_factory=dict)
+    ledger: str | None = None  # the erasure ledger's path: the owner records there
 
     @property
     def identity(self) -> EmbedderIdentity:
@@ -100,6 +101,7 @@ def attach(opening: Opening, mode: Mode, deadline: float) -> Transport:
                     embedder=opening.embedder,
                     options=opening.options,
                     create=opening.create,
+                    ledger=opening.ledger,
                 )
             except DatabaseLockedError as exc:
                 locked = exc

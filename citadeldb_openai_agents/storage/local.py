@@ -6,8 +6,8 @@ each session operation (reads.py, writes.py) in the calling thread, under the
 session's lock, with the file's `Memory`. Items cross this boundary as JSON text
 (codec.py), ready for another process too.
 
-Also here: the two things done to a file that is not open for use, `verify_file`
-(a damaged file, inspected without changing it) and `reembed`.
+Also here: `reembed`, done to a file that is not open for use (inspection.py checks
+such a file, restore.py puts a backup in place).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,11 +31,13 @@ from ..errors import (
 )
 from ..results import Erasure, IntegrityReport, Progress, ReembedSummary, SessionIntegrity
 from . import reads, registry, suffix, writes
-from .audit import ATOM_KEYS, audit, check_before_memory, inventory_of
+from .audit import ATOM_KEYS, check_before_memory
 from .codec import Batch
 from .completeness import now_micros
 from .engine import OpenDatabase, audit_chain, backup_with_audit, database_options, rotate
 from .files import copy_watched, database_files, make_private, private_files, resolve_path
+from .inspection import integrity_report
+from .ledger import LedgerEntry
 from .reembed import reembed_file
 from .search_upkeep import store_all_pending
 from .segments import SessionLayout, SessionState
@@ -65,6 +67,7 @@ class LocalFile:
         create: bool,
         refusal: str = "create=False forbids creating one",
         fix: str = ", or pass create=True to start a new, empty database",
+        ledger: str | None = None,
     ) -> None:
         new = not os.path.exists(resolve_path(path))
         try:
@@ -75,7 +78,7 @@ class LocalFile:
             # Citadel makes two companions of a new file at its first region and atom, which the
             # layout writes: made 0600 like the file (files.private_files).
             with private_files() if new else contextlib.nullcontext():
-                self._layout = _shared_layout(self._database, embedder)
+                self._layout = _shared_layout(self._database, embedder, ledger)
         except BaseException:
             registry.release(self._database)
             raise
@@ -174,6 +177,8 @@ class LocalFile:
         """
         names = [name for state in self._layout.states() for name in self._layout.segment_regions(state)]
         before = self._layout.completeness.rows(names) if names else {}
+        if self._layout.ledger is not None:
+            self._layout.ledger.record_purge()
         self._each(writes.purge_expired, progress)
         after = self._layout.completeness.rows(names) if names else {}
         now = now_micros()
@@ -199,7 +204,41 @@ class LocalFile:
             cause = ATOM_KEYS if readable < expected else None
             sessions.append(SessionIntegrity(state.session_id, expected, readable, not_authentic, cause))
         sessions.sort(key=lambda session: session.session_id or "")
-        return integrity_report(pages, chain, verdicts, sessions)
+        ledgered = [
+            f"session {session_id!r} holds {count} items the erasure ledger says were erased: "
+            f"erase them again (erase {session_id} --yes), or restore the backup with its ledger"
+            for session_id, count in self.erased_still_held().items()
+        ]
+        return integrity_report(pages, chain, verdicts, sessions, ledgered)
+
+    def erased_still_held(self, entries: list[LedgerEntry] | None = None) -> dict[str, int]:
+        """Per session, the live items the ledger's `entries` (all of this file's) say were erased."""
+        if entries is None:
+            entries = [] if self._layout.ledger is None else self._layout.ledger.entries()
+        by_hid: dict[str, list[LedgerEntry]] = {}
+        for entry in entries:
+            if entry.session is not None:
+                by_hid.setdefault(entry.session, []).append(entry)
+        held = {}
+        for state in self._layout.states():
+            if state.hid in by_hid:
+                count = len(self._on_state(state, suffix.ledger_erased, by_hid[state.hid]))
+                if count:
+                    held[state.session_id] = count
+        return held
+
+    def ledger_entries(self, path: str) -> list[LedgerEntry]:
+        """This file's entries in the erasure ledger at `path` (`LedgerError` if one is not authentic)."""
+        return self._layout.ledger_at(path).entries()
+
+    def replay(self, entries: list[LedgerEntry]) -> dict[str, int]:
+        """Erase what `entries` name (a restored backup's); per session the items erased."""
+        held = self.erased_still_held(entries)
+        for session_id in held:
+            hid = self._layout.state(session_id).hid
+            self._on(session_id, suffix.erase_ledgered, [entry for entry in entries if entry.session == hid])
+        self.purge_expired()
+        return held
 
     def backup(self, destination: str | os.PathLike[str], progress: Progress | None = None) -> list[str]:
         """Write a consistent copy of the file and its companions to `destination`; return their paths."""
@@ -264,68 +303,6 @@ def _private_backup(db: citadeldb.Database, path: str, target: str) -> None:
     make_private(target)
 
 
-def integrity_report(
-    pages: Mapping[str, Any],
-    chain: Mapping[str, Any],
-    verdicts: dict[str, int],
-    sessions: list[SessionIntegrity],
-    findings: list[str] | None = None,
-) -> IntegrityReport:
-    """Assemble an `IntegrityReport` from Citadel's page check, audit-log check and the sessions'."""
-    bad_items = sum(count for verdict, count in verdicts.items() if verdict != "authentic")
-    findings = findings or []
-    return IntegrityReport(
-        ok=bool(pages["ok"])
-        and bad_items == 0
-        and bool(chain["chain_valid"])
-        and all(session.ok for session in sessions)
-        and not findings,
-        pages_checked=int(pages["pages_checked"]),
-        page_errors=[str(error["message"]) for error in pages["errors"]],
-        item_verdicts=verdicts,
-        audit_entries=int(chain["entries_verified"]),
-        audit_break_at=None if chain["chain_valid"] else int(chain["chain_break_at"] or 0),
-        sessions=sessions,
-        findings=findings,
-    )
-
-
-def verify_file(path: str | os.PathLike[str], key: str) -> IntegrityReport:
-    """`LocalFile.verify` for a file that is not open, changing nothing in it (see `registry.inspect_file`)."""
-    try:
-        return registry.inspect_file(path, key, _inspect)
-    finally:
-        del key
-
-
-def _inspect(db: citadeldb.Database, path: str) -> IntegrityReport:
-    pages, chain = db.integrity_check(), audit_chain(db)
-    inventory = inventory_of(db, path)
-    verdict = audit(inventory)
-    maintenance = db.memory_maintenance()
-    verdicts: dict[str, int] = {}
-    sessions = []
-    for count in verdict.sessions:
-        found: dict[str, int] = {}
-        for name in count.segments:
-            region = inventory.regions[name]
-            ids = sorted(region.live_items(inventory.taken_at) - region.unreadable)
-            for attestation in maintenance.verify(name, ids) if ids and not region.forgotten else []:
-                found[attestation.verdict] = found.get(attestation.verdict, 0) + 1
-        for kind, number in found.items():
-            verdicts[kind] = verdicts.get(kind, 0) + number
-        not_authentic = sum(number for kind, number in found.items() if kind != "authentic")
-        readable = count.expected - count.unreadable
-        if count.other:
-            who = "an unknown session" if count.session_id is None else f"session {count.session_id!r}"
-            verdict.file.append(f"{count.other} write markers of {who} cannot be read ({count.cause})")
-        sessions.append(
-            SessionIntegrity(count.session_id, count.expected, readable, not_authentic, count.cause)
-        )
-    sessions.sort(key=lambda session: (session.session_id is None, session.session_id or ""))
-    return integrity_report(pages, chain, verdicts, sessions, verdict.file)
-
-
 def reembed(
     path: str | os.PathLike[str], key: str, embedder: Embedder, progress: Progress | None = None
 ) -> ReembedSummary:
@@ -380,7 +357,7 @@ def _acquire(
     return database
 
 
-def _shared_layout(database: OpenDatabase, embedder: Embedder) -> SessionLayout:
+def _shared_layout(database: OpenDatabase, embedder: Embedder, ledger: str | None) -> SessionLayout:
     with database.setup_lock:
         layout = database.layout
         if layout is None:
@@ -393,6 +370,7 @@ def _shared_layout(database: OpenDatabase, embedder: Embedder) -> SessionLayout:
                     database.region_writes,
                     database.path,
                 )
+                layout.keep_ledger(ledger)  # before recovery, which may finish an erasure
                 suffix.recover(layout, memory)  # before any read: old suffix or new, never both
             database.layout = layout
             database.before_close = lambda memory: store_all_pending(layout, memory)
@@ -405,4 +383,4 @@ def _shared_layout(database: OpenDatabase, embedder: Embedder) -> SessionLayout:
         return layout  # type: ignore[no-any-return]  # OpenDatabase.layout is set here only
 
 
-__all__ = ["LocalFile", "database_options", "integrity_report", "reembed", "verify_file"]
+__all__ = ["LocalFile", "database_options", "reembed"]

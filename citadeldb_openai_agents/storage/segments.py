@@ -46,6 +46,7 @@ from ..errors import CorruptDatabaseError, EmbedderMismatchError
 from .audit import AuditVerdict
 from .codec import ITEM_KIND
 from .completeness import CompletenessCheck, RowReader, live_ids, now_micros
+from .ledger import ErasureLedger
 from .records import (
     CATALOG_KIND,
     CATALOG_REGION,
@@ -116,6 +117,8 @@ class SessionLayout:
         self._attach(memory, META_REGION)
         self._attach(memory, CATALOG_REGION)
         self._salt, layout_format = self._load_meta(memory)
+        # Where this file's erasures are recorded (ledger.py); None: they are not.
+        self.ledger: ErasureLedger | None = None
         self._load_index(memory, verdict)
         if layout_format < LAYOUT_FORMAT:
             self._upgrade(memory)
@@ -256,6 +259,25 @@ class SessionLayout:
         name = segment_name(state.hid, number)
         self._attach(memory, name)
         return name
+
+    def ledger_at(self, path: str) -> ErasureLedger:
+        """The erasure ledger at `path` as this file reads it (its salt keys the entries)."""
+        return ErasureLedger(path, self._salt)
+
+    def keep_ledger(self, path: str | None) -> None:
+        """Record this file's erasures at `path` from now on (the first store to name one sets it)."""
+        if path is not None and self.ledger is None:
+            self.ledger = ErasureLedger(path, self._salt)
+
+    def note_erasing(self, state: SessionState, hits: list[AtomHit]) -> None:
+        """In the ledger, before they are erased: these items of the session."""
+        if self.ledger is not None:
+            self.ledger.record_items(state.hid, [(hit.id, hit.created_at) for hit in hits])
+
+    def note_clearing(self, state: SessionState, newest: AtomHit | None) -> None:
+        """In the ledger, before they are erased: every item of the session up to `newest`."""
+        if self.ledger is not None and newest is not None:
+            self.ledger.record_session(state.hid, newest.created_at)
 
     def live_hits(self, memory: Memory, state: SessionState, number: int) -> list[AtomHit]:
         return memory.fetch(self.region(memory, state, number), ITEM_KIND, limit=ALL)

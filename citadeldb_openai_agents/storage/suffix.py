@@ -24,9 +24,10 @@ from citadeldb.memory import AtomHit, Memory
 
 from . import search_upkeep
 from .codec import ITEM_KIND, Batch
+from .ledger import LedgerEntry
 from .reads import newest_in
 from .segments import SessionLayout, SessionState
-from .writes import append, committed
+from .writes import append, clear, committed
 
 # (atom id, payload) of a stored item: what a snapshot holds and a replacement compares.
 Row = tuple[int, str]
@@ -143,8 +144,10 @@ def erase_items(layout: SessionLayout, memory: Memory, state: SessionState, atom
         if not remaining:
             break
         hits = layout.live_hits(memory, state, number)
-        here = [hit.id for hit in hits if hit.id in remaining]
+        erasing = [hit for hit in hits if hit.id in remaining]
+        here = [hit.id for hit in erasing]
         remaining.difference_update(here)
+        layout.note_erasing(state, erasing)
         tail = number == state.segments[-1]
         if here and len(here) == len(hits) and not tail:
             layout.drop_segment(memory, state, number)  # its keys go with it (tests/test_erasure.py)
@@ -157,3 +160,27 @@ def erase_items(layout: SessionLayout, memory: Memory, state: SessionState, atom
                 search_upkeep.store_pending(layout, memory, state, number)
         if hits and hits[0].id <= min(remaining, default=0):
             break
+
+
+def ledger_erased(
+    layout: SessionLayout, memory: Memory, state: SessionState, entries: list[LedgerEntry]
+) -> list[AtomHit]:
+    """The session's live items that these entries of the erasure ledger say were erased."""
+    return [
+        hit
+        for number in state.segments
+        for hit in layout.live_hits(memory, state, number)
+        if any(entry.erases(hit.id, hit.created_at) for entry in entries)
+    ]
+
+
+def erase_ledgered(
+    layout: SessionLayout, memory: Memory, state: SessionState, entries: list[LedgerEntry]
+) -> None:
+    """Erase again what the ledger's entries name (a restored backup still holds it)."""
+    erased = ledger_erased(layout, memory, state, entries)
+    live = sum(len(layout.live_hits(memory, state, number)) for number in state.segments)
+    if erased and len(erased) == live:
+        clear(layout, memory, state)  # the whole session: its segments and record go
+    elif erased:
+        erase_items(layout, memory, state, [hit.id for hit in erased])

@@ -148,6 +148,7 @@ def pop(
         hit = hits[0]
         if before_erasing is not None:
             before_erasing((hit.id, str(hit.payload)))
+        layout.note_erasing(state, [hit])
         record = layout.record(state)
         if layout.tail_ids(state) == [hit.id] and record.segments is not None:
             # The segment's last live item: dropping the segment erases its key too.
@@ -194,9 +195,11 @@ def clear_through(layout: SessionLayout, memory: Memory, state: SessionState, th
         clear(layout, memory, state)
         return
     for number in list(state.segments):
-        ids = [hit.id for hit in layout.live_hits(memory, state, number) if hit.id <= through]
+        older = [hit for hit in layout.live_hits(memory, state, number) if hit.id <= through]
+        ids = [hit.id for hit in older]
         if not ids:
             break
+        layout.note_erasing(state, older)
         if not any(hit.id > through for hit in newest_in(layout, memory, state, number, 1)):
             layout.drop_segment(memory, state, number)  # all of it is older
             continue
@@ -234,9 +237,11 @@ def clear(
     it and then lost the owner finishes with `clear_through` that id, so items another
     process added since are kept, and nothing is erased twice.
     """
-    if before_erasing is not None:
+    if before_erasing is not None or layout.ledger is not None:
         hit = newest_hit(layout, memory, state)
-        before_erasing(0 if hit is None else hit.id)
+        if before_erasing is not None:
+            before_erasing(0 if hit is None else hit.id)
+        layout.note_clearing(state, hit)
     if state.catalog_id is not None:
         record = layout.record(state)
         if not record.clearing:

@@ -1,0 +1,190 @@
+"""The erasure ledger: every erasure of a file, recorded outside it, so a restore can replay it.
+
+A backup taken before an erasure still holds what was erased; `restore` puts the backup
+in place and erases again what the ledger names. One JSON line per erasure:
+
+* ``{"op": "session", "session": HID, "through": T}``: every item of the session written
+  at or before T (µs, Citadel's creation time of the newest item it erased): erase,
+  clear, a move's source;
+* ``{"op": "items", "session": HID, "items": [[ATOM, T], ...]}``: those items (an atom id
+  with its creation time: ids are reused after a restore, the pair is not): pop, a partial
+  clear, compaction's replaced items;
+* ``{"op": "purge"}``: expired items were erased (they are expired in any backup too).
+
+HID is the session's region-name stem (an HMAC of its id under the file's salt), so the
+ledger names no session in the clear and confirms no guess without the passphrase. Each
+line carries the file's fingerprint, its number in the file's chain, the MAC of the line
+before it and its own MAC (HMAC-SHA256 under a key derived from the salt): a line changed,
+forged, dropped or reordered by someone without the passphrase is refused when read, and
+the restore stops before it writes anything. Lines of other files (several files may
+share one ledger beside their backups) are skipped. Dropping the newest lines is not
+detectable from the ledger alone; docs/operations.md says where to keep it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import LedgerError
+
+_MAC_LABEL = b"citadeldb-openai-agents erasure ledger mac"
+_FILE_LABEL = b"citadeldb-openai-agents erasure ledger file"
+_OPS = {"session", "items", "purge"}
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One recorded erasure of this file (see the module's docstring)."""
+
+    number: int
+    at: int  # when it was recorded, µs since the epoch
+    op: str
+    session: str | None = None
+    through: int | None = None
+    items: frozenset[tuple[int, int]] = frozenset()
+
+    def erases(self, atom: int, created: int) -> bool:
+        """Whether this entry erased the session's item `atom` written at `created` (µs)."""
+        if self.op == "session":
+            return self.through is not None and created <= self.through
+        return (atom, created) in self.items
+
+
+class ErasureLedger:
+    """The ledger at `path` for the file whose salt is `salt` (held in the encrypted file)."""
+
+    def __init__(self, path: str, salt: bytes) -> None:
+        self.path = os.path.abspath(os.path.expanduser(path))
+        self._key = hmac.new(salt, _MAC_LABEL, hashlib.sha256).digest()
+        self.file = hmac.new(salt, _FILE_LABEL, hashlib.sha256).hexdigest()[:16]
+        self._lock = threading.Lock()
+
+    def record_session(self, hid: str, through: int) -> None:
+        self._append({"op": "session", "session": hid, "through": through})
+
+    def record_items(self, hid: str, items: list[tuple[int, int]]) -> None:
+        if items:
+            self._append({"op": "items", "session": hid, "items": [list(item) for item in items]})
+
+    def record_purge(self) -> None:
+        self._append({"op": "purge"})
+
+    def entries(self) -> list[LedgerEntry]:
+        """This file's entries, oldest first, each authenticated; `LedgerError` at the first that is not."""
+        return [entry for entry, _ in self._read()]
+
+    def _append(self, body: dict[str, Any]) -> None:
+        """Written and flushed to disk before the erasure it records starts: an erasure the
+        ledger cannot hold is refused (`LedgerError`), or a restore would bring it back."""
+        try:
+            with self._lock, self._locked() as descriptor:
+                last = self._read(descriptor)
+                number, previous = (last[-1][0].number + 1, last[-1][1]) if last else (1, "")
+                line = {"v": 1, "file": self.file, "n": number, "at": time.time_ns() // 1000, **body}
+                line["prev"] = previous
+                line["mac"] = self._mac(line)
+                os.write(descriptor, (json.dumps(line, separators=(",", ":")) + "\n").encode())
+                os.fsync(descriptor)
+        except OSError as exc:
+            raise LedgerError(
+                f"cannot record the erasure in the erasure ledger {self.path} ({exc.strerror or exc}); "
+                "nothing was erased. Make its directory writable, or unset erasure_ledger."
+            ) from None
+
+    @contextmanager
+    def _locked(self) -> Iterator[int]:
+        """The ledger opened for appending, never through a symlink, 0600, under an exclusive flock."""
+        descriptor = os.open(
+            self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600
+        )
+        try:
+            try:
+                import fcntl
+
+                fcntl.flock(descriptor, fcntl.LOCK_EX)
+            except ImportError:  # Windows: one owner per file appends anyway
+                pass
+            yield descriptor
+        finally:
+            os.close(descriptor)
+
+    def _read(self, descriptor: int | None = None) -> list[tuple[LedgerEntry, str]]:
+        try:
+            if descriptor is None:
+                with open(self.path, "rb") as file:
+                    data = file.read()
+            else:
+                os.lseek(descriptor, 0, os.SEEK_SET)
+                data = b"".join(iter(lambda: os.read(descriptor, 1 << 20), b""))
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise LedgerError(f"cannot read the erasure ledger {self.path}: {exc.strerror or exc}.") from None
+        found: list[tuple[LedgerEntry, str]] = []
+        for number, raw in enumerate(data.splitlines(), 1):
+            line = self._line(raw, number)
+            if line is None:
+                continue  # another file's line
+            expected = (found[-1][0].number + 1, found[-1][1]) if found else (1, "")
+            if (line["n"], line["prev"]) != expected:
+                raise self._refused(number, "an entry before it is missing or out of order")
+            found.append((_entry(line), line["mac"]))
+        return found
+
+    def _line(self, raw: bytes, number: int) -> dict[str, Any] | None:
+        try:
+            line = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            raise self._refused(number, "it is not JSON") from None
+        if not isinstance(line, dict) or not isinstance(line.get("file"), str):
+            raise self._refused(number, "it is not a ledger entry")
+        if line["file"] != self.file:
+            return None
+        mac = line.get("mac")
+        if not isinstance(mac, str) or not hmac.compare_digest(mac, self._mac(line)):
+            raise self._refused(number, "its MAC does not match (changed, or written without the passphrase)")
+        if not _valid(line):
+            raise self._refused(number, "its fields are not those of an entry")
+        return line
+
+    def _mac(self, line: dict[str, Any]) -> str:
+        body = {name: value for name, value in line.items() if name != "mac"}
+        return hmac.new(self._key, json.dumps(body, sort_keys=True).encode(), hashlib.sha256).hexdigest()
+
+    def _refused(self, number: int, why: str) -> LedgerError:
+        return LedgerError(
+            f"line {number} of the erasure ledger {self.path} cannot be trusted: {why}. Nothing was "
+            "changed. Restore the ledger from where it is copied, or ask whoever changed it."
+        )
+
+
+def _valid(line: dict[str, Any]) -> bool:
+    """Authenticated lines are ours, but the fields are checked all the same (format drift)."""
+    ints = all(isinstance(line.get(name), int) for name in ("n", "at"))
+    if not (ints and isinstance(line.get("prev"), str) and line.get("op") in _OPS):
+        return False
+    if line["op"] == "purge":
+        return True
+    if not isinstance(line.get("session"), str):
+        return False
+    if line["op"] == "session":
+        return isinstance(line.get("through"), int)
+    items = line.get("items")
+    return isinstance(items, list) and all(
+        isinstance(item, list) and len(item) == 2 and all(isinstance(part, int) for part in item)
+        for item in items
+    )
+
+
+def _entry(line: dict[str, Any]) -> LedgerEntry:
+    items = frozenset((atom, created) for atom, created in line.get("items", []))
+    return LedgerEntry(line["n"], line["at"], line["op"], line.get("session"), line.get("through"), items)

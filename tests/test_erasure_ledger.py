@@ -1,0 +1,146 @@
+"""The erasure ledger: an erasure survives a restore of a backup taken before it (issue 28)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from citadeldb_openai_agents import (
+    BackupExistsError,
+    CitadelSessionStore,
+    DatabaseLockedError,
+    LedgerError,
+    restore_backup,
+)
+from citadeldb_openai_agents.cli.main import main
+
+from conftest import KEY
+
+
+def open_store(database: Path, ledger: Path | None) -> CitadelSessionStore:
+    return CitadelSessionStore(database, KEY, argon2_profile="iot", erasure_ledger=ledger)
+
+
+def texts(store: CitadelSessionStore, session_id: str) -> list[Any]:
+    return [item["content"] for item in asyncio.run(store.session(session_id).get_items())]
+
+
+def add(store: CitadelSessionStore, session_id: str, *contents: str) -> None:
+    asyncio.run(store.session(session_id).add_items([{"role": "user", "content": c} for c in contents]))
+
+
+@pytest.fixture
+def backed_up(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A file with three sessions and a backup of it, then erasures made after the backup."""
+    database, ledger, backup = tmp_path / "agent.cdl", tmp_path / "erasures.jsonl", tmp_path / "backup.cdl"
+    with open_store(database, ledger) as store:
+        for session_id in ("alice", "bob", "carol"):
+            add(store, session_id, f"{session_id} 1", f"{session_id} 2", f"{session_id} 3")
+        store.backup(backup)
+        store.erase_session("alice")
+        asyncio.run(store.session("bob").pop_item())
+        add(store, "carol", "carol 4")  # written after the backup: a restore loses it, as any restore does
+        add(store, "alice", "alice again")  # the same id after its erasure: not erased by the replay
+        store.backup(tmp_path / "later.cdl")
+    return database, ledger, backup
+
+
+def test_a_restore_erases_again_what_was_erased_after_the_backup(backed_up: tuple[Path, Path, Path]) -> None:
+    database, ledger, backup = backed_up
+    report = restore_backup(backup, database, KEY, erasure_ledger=ledger, replace=True)
+    assert report.erased == {"alice": 3, "bob": 1}
+    assert (report.sessions, report.ledger_entries, report.items_erased) == (2, 2, 4)
+    with open_store(database, ledger) as store:
+        assert store.session_ids() == ["bob", "carol"]
+        assert texts(store, "bob") == ["bob 1", "bob 2"]
+        assert texts(store, "carol") == ["carol 1", "carol 2", "carol 3"]
+        assert store.verify().ok
+
+
+def test_a_later_backup_keeps_what_was_written_after_an_erasure(
+    backed_up: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    """The ledger erases by creation time: alice's new conversation, after her erasure, stays."""
+    database, ledger, _ = backed_up
+    report = restore_backup(tmp_path / "later.cdl", database, KEY, erasure_ledger=ledger, replace=True)
+    assert report.erased == {}
+    with open_store(database, ledger) as store:
+        assert texts(store, "alice") == ["alice again"]
+        assert texts(store, "carol") == ["carol 1", "carol 2", "carol 3", "carol 4"]
+
+
+def test_verify_reports_what_the_ledger_erased_and_the_file_still_holds(
+    backed_up: tuple[Path, Path, Path],
+) -> None:
+    database, ledger, backup = backed_up
+    report = restore_backup(backup, database, KEY, erasure_ledger=None, replace=True)
+    assert report.erased == {} and report.sessions == 3
+    with open_store(database, ledger) as store:
+        verdict = store.verify()
+    assert not verdict.ok
+    assert [finding.split(" holds ")[0] for finding in verdict.findings] == [
+        "session 'alice'",
+        "session 'bob'",
+    ]
+    assert "holds 3 items the erasure ledger says were erased" in verdict.findings[0]
+
+
+def test_the_ledger_names_no_session_and_a_changed_line_stops_the_restore(
+    backed_up: tuple[Path, Path, Path],
+) -> None:
+    database, ledger, backup = backed_up
+    raw = ledger.read_bytes()
+    assert b"alice" not in raw and b"bob" not in raw
+    assert oct(ledger.stat().st_mode & 0o777) == "0o600"
+    before = database.read_bytes()
+    lines = [json.loads(line) for line in raw.splitlines()]
+    lines[1]["items"][0][1] += 1  # another item's creation time: a forged entry
+    ledger.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with pytest.raises(LedgerError, match=r"line 2 of the erasure ledger .* MAC does not match"):
+        restore_backup(backup, database, KEY, erasure_ledger=ledger, replace=True)
+    ledger.write_bytes(raw.splitlines(keepends=True)[1])  # the first line dropped
+    with pytest.raises(LedgerError, match=r"line 1 .* an entry before it is missing"):
+        restore_backup(backup, database, KEY, erasure_ledger=ledger, replace=True)
+    assert database.read_bytes() == before
+    assert not [name for name in os.listdir(database.parent) if ".restoring-" in name]
+
+
+def test_a_restore_refuses_a_file_in_use_or_one_it_was_not_told_to_replace(
+    backed_up: tuple[Path, Path, Path],
+) -> None:
+    database, ledger, backup = backed_up
+    with pytest.raises(BackupExistsError, match="Pass replace=True"):
+        restore_backup(backup, database, KEY, erasure_ledger=ledger)
+    with open_store(database, ledger), pytest.raises(DatabaseLockedError, match=f"PID {os.getpid()}"):
+        restore_backup(backup, database, KEY, erasure_ledger=ledger, replace=True)
+
+
+def test_an_erasure_the_ledger_cannot_hold_is_refused_and_erases_nothing(tmp_path: Path) -> None:
+    ledger = tmp_path / "gone" / "erasures.jsonl"  # its directory does not exist
+    with open_store(tmp_path / "agent.cdl", ledger) as store:
+        add(store, "alice", "hello")
+        with pytest.raises(LedgerError, match="nothing was erased"):
+            store.erase_session("alice")
+        assert texts(store, "alice") == ["hello"]
+
+
+def test_the_restore_command_replays_the_configured_ledger(
+    backed_up: tuple[Path, Path, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    database, ledger, backup = backed_up
+    for name in [name for name in os.environ if name.startswith("CITADEL_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("CITADEL_PATH", str(database))
+    monkeypatch.setenv("CITADEL_KEY", KEY)
+    assert main(["restore", str(backup), "--replace"]) == 1
+    assert "erasure_ledger is not set" in capsys.readouterr().err
+    monkeypatch.setenv("CITADEL_ERASURE_LEDGER", str(ledger))
+    assert main(["restore", str(backup), "--replace"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"restored {backup} to {database}: 2 sessions, verified"
+    assert out[2:] == ["  alice  3 items", "  bob  1 item"]
