@@ -144,3 +144,29 @@ def test_the_restore_command_replays_the_configured_ledger(
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"restored {backup} to {database}: 2 sessions, verified"
     assert out[2:] == ["  alice  3 items", "  bob  1 item"]
+
+
+def test_a_line_a_crash_cut_short_is_skipped_and_cut_off_by_the_next_erasure(
+    backed_up: tuple[Path, Path, Path],
+) -> None:
+    """Each line is flushed before its erasure starts: a torn last line erased nothing."""
+    database, ledger, backup = backed_up
+    torn = ledger.read_bytes().splitlines(keepends=True)[1][:-40]
+    with ledger.open("ab") as file:
+        file.write(torn)
+    with open_store(database, ledger) as store:
+        assert store.verify().ok  # read: the torn line is not an entry
+        store.erase_session("carol")
+    lines = ledger.read_bytes().splitlines()
+    assert [json.loads(line)["n"] for line in lines] == [1, 2, 3]  # the fragment is gone
+    report = restore_backup(backup, database, KEY, erasure_ledger=ledger, replace=True)
+    assert report.erased == {"alice": 3, "bob": 1, "carol": 3}
+
+
+def test_verify_reports_a_ledger_it_cannot_trust(backed_up: tuple[Path, Path, Path]) -> None:
+    database, ledger, _ = backed_up
+    ledger.write_bytes(ledger.read_bytes().replace(b'"n":1', b'"n":7'))
+    with open_store(database, ledger) as store:
+        verdict = store.verify()
+    assert not verdict.ok
+    assert any("line 1 of the erasure ledger" in finding for finding in verdict.findings), verdict.findings

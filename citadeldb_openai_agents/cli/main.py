@@ -224,7 +224,7 @@ def _add_erasures(add: Any, as_json: Any) -> None:
 
 
 def _add_file_operations(add: Any, as_json: Any) -> None:
-    """rotate-key, backup, reembed, verify and serve: the whole file."""
+    """rotate-key, backup, verify and serve (restore and reembed in `_add_recovery`): the whole file."""
     rotate = add(
         "rotate-key",
         "change the passphrase; the old one stops opening the file",
@@ -249,7 +249,7 @@ def _add_file_operations(add: Any, as_json: Any) -> None:
     backup.add_argument("dest", metavar="DEST", help="the new database file to write")
     backup.set_defaults(run=commands.backup)
 
-    _add_restore(add, as_json)
+    _add_recovery(add, as_json)
 
     add(
         "verify",
@@ -269,7 +269,7 @@ def _add_file_operations(add: Any, as_json: Any) -> None:
     ).set_defaults(run=commands.serve)
 
 
-def _add_restore(add: Any, as_json: Any) -> None:
+def _add_recovery(add: Any, as_json: Any) -> None:
     """restore (a backup put in place, the ledger's erasures made again) and reembed."""
     restore = add(
         "restore",

@@ -9,14 +9,18 @@ in place and erases again what the ledger names. One JSON line per erasure:
 * ``{"op": "items", "session": HID, "items": [[ATOM, T], ...]}``: those items (an atom id
   with its creation time: ids are reused after a restore, the pair is not): pop, a partial
   clear, compaction's replaced items;
-* ``{"op": "purge"}``: expired items were erased (they are expired in any backup too).
+
+A purge needs no entry: an item's expiry is stored with it, so it has expired in any backup
+too, and a restore purges before it verifies.
 
 HID is the session's region-name stem (an HMAC of its id under the file's salt), so the
 ledger names no session in the clear and confirms no guess without the passphrase. Each
 line carries the file's fingerprint, its number in the file's chain, the MAC of the line
 before it and its own MAC (HMAC-SHA256 under a key derived from the salt): a line changed,
 forged, dropped or reordered by someone without the passphrase is refused when read, and
-the restore stops before it writes anything. Lines of other files (several files may
+the restore stops before it writes anything. A last line with no newline is one a crash cut
+short before its erasure started (each line is flushed before its erasure): it is skipped,
+and cut off by the next append. Lines of other files (several files may
 share one ledger beside their backups) are skipped. Dropping the newest lines is not
 detectable from the ledger alone; docs/operations.md says where to keep it.
 """
@@ -38,7 +42,7 @@ from ..errors import LedgerError
 
 _MAC_LABEL = b"citadeldb-openai-agents erasure ledger mac"
 _FILE_LABEL = b"citadeldb-openai-agents erasure ledger file"
-_OPS = {"session", "items", "purge"}
+_OPS = {"session", "items"}
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,7 @@ class LedgerEntry:
     number: int
     at: int  # when it was recorded, µs since the epoch
     op: str
-    session: str | None = None
+    session: str
     through: int | None = None
     items: frozenset[tuple[int, int]] = frozenset()
 
@@ -75,9 +79,6 @@ class ErasureLedger:
         if items:
             self._append({"op": "items", "session": hid, "items": [list(item) for item in items]})
 
-    def record_purge(self) -> None:
-        self._append({"op": "purge"})
-
     def entries(self) -> list[LedgerEntry]:
         """This file's entries, oldest first, each authenticated; `LedgerError` at the first that is not."""
         return [entry for entry, _ in self._read()]
@@ -87,7 +88,7 @@ class ErasureLedger:
         ledger cannot hold is refused (`LedgerError`), or a restore would bring it back."""
         try:
             with self._lock, self._locked() as descriptor:
-                last = self._read(descriptor)
+                last = self._read(descriptor, cut_torn=True)
                 number, previous = (last[-1][0].number + 1, last[-1][1]) if last else (1, "")
                 line = {"v": 1, "file": self.file, "n": number, "at": time.time_ns() // 1000, **body}
                 line["prev"] = previous
@@ -117,7 +118,7 @@ class ErasureLedger:
         finally:
             os.close(descriptor)
 
-    def _read(self, descriptor: int | None = None) -> list[tuple[LedgerEntry, str]]:
+    def _read(self, descriptor: int | None = None, cut_torn: bool = False) -> list[tuple[LedgerEntry, str]]:
         try:
             if descriptor is None:
                 with open(self.path, "rb") as file:
@@ -129,8 +130,11 @@ class ErasureLedger:
             return []
         except OSError as exc:
             raise LedgerError(f"cannot read the erasure ledger {self.path}: {exc.strerror or exc}.") from None
+        complete = data[: data.rfind(b"\n") + 1]
+        if cut_torn and descriptor is not None and len(complete) < len(data):
+            os.ftruncate(descriptor, len(complete))  # a line a crash cut short (see above)
         found: list[tuple[LedgerEntry, str]] = []
-        for number, raw in enumerate(data.splitlines(), 1):
+        for number, raw in enumerate(complete.splitlines(), 1):
             line = self._line(raw, number)
             if line is None:
                 continue  # another file's line
@@ -172,8 +176,6 @@ def _valid(line: dict[str, Any]) -> bool:
     ints = all(isinstance(line.get(name), int) for name in ("n", "at"))
     if not (ints and isinstance(line.get("prev"), str) and line.get("op") in _OPS):
         return False
-    if line["op"] == "purge":
-        return True
     if not isinstance(line.get("session"), str):
         return False
     if line["op"] == "session":
@@ -187,4 +189,4 @@ def _valid(line: dict[str, Any]) -> bool:
 
 def _entry(line: dict[str, Any]) -> LedgerEntry:
     items = frozenset((atom, created) for atom, created in line.get("items", []))
-    return LedgerEntry(line["n"], line["at"], line["op"], line.get("session"), line.get("through"), items)
+    return LedgerEntry(line["n"], line["at"], line["op"], line["session"], line.get("through"), items)

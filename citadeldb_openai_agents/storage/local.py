@@ -27,6 +27,7 @@ from ..errors import (
     CitadelSessionError,
     DatabaseNotFoundError,
     EmbedderMismatchError,
+    LedgerError,
     WrongPassphraseError,
 )
 from ..results import Erasure, IntegrityReport, Progress, ReembedSummary, SessionIntegrity
@@ -177,8 +178,6 @@ class LocalFile:
         """
         names = [name for state in self._layout.states() for name in self._layout.segment_regions(state)]
         before = self._layout.completeness.rows(names) if names else {}
-        if self._layout.ledger is not None:
-            self._layout.ledger.record_purge()
         self._each(writes.purge_expired, progress)
         after = self._layout.completeness.rows(names) if names else {}
         now = now_micros()
@@ -204,10 +203,14 @@ class LocalFile:
             cause = ATOM_KEYS if readable < expected else None
             sessions.append(SessionIntegrity(state.session_id, expected, readable, not_authentic, cause))
         sessions.sort(key=lambda session: session.session_id or "")
-        ledgered = [
+        try:
+            held, ledgered = self.erased_still_held(), []
+        except LedgerError as exc:  # reported, like any other damage found
+            held, ledgered = {}, [str(exc)]
+        ledgered += [
             f"session {session_id!r} holds {count} items the erasure ledger says were erased: "
             f"erase them again (erase {session_id} --yes), or restore the backup with its ledger"
-            for session_id, count in self.erased_still_held().items()
+            for session_id, count in held.items()
         ]
         return integrity_report(pages, chain, verdicts, sessions, ledgered)
 
@@ -217,8 +220,7 @@ class LocalFile:
             entries = [] if self._layout.ledger is None else self._layout.ledger.entries()
         by_hid: dict[str, list[LedgerEntry]] = {}
         for entry in entries:
-            if entry.session is not None:
-                by_hid.setdefault(entry.session, []).append(entry)
+            by_hid.setdefault(entry.session, []).append(entry)
         held = {}
         for state in self._layout.states():
             if state.hid in by_hid:

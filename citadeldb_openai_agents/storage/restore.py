@@ -33,8 +33,8 @@ def restore(
     """
     keys = [key]
     del key  # only `keys` holds it, emptied at the open: error trackers record frames' locals
-    source, target = resolve_path(backup), os.path.abspath(os.path.expanduser(os.fspath(path)))
-    _check_target(source, target, os.fspath(backup), replace)
+    source, target = resolve_path(backup), resolve_path(path)  # the file a store on `path` opens
+    _check_target(source, target, replace)
     staged = f"{target}.restoring-{os.getpid()}"
     try:
         for name, copy in zip(database_files(source), database_files(staged), strict=True):
@@ -67,11 +67,11 @@ def restore(
     return RestoreReport(target, source, sessions, len(entries), erased, ledger)
 
 
-def _check_target(source: str, target: str, given: str, replace: bool) -> None:
+def _check_target(source: str, target: str, replace: bool) -> None:
     """A backup that is there; a target no process holds, replaced only when asked."""
-    if not os.path.isfile(source) or os.path.islink(given):
+    if not os.path.isfile(source):
         raise DatabaseNotFoundError(f"there is no backup at {source}: give the path `backup` wrote.")
-    holder = find_lock_holder(target) if os.path.exists(target) else None
+    holder = find_lock_holder(target)
     if holder is not None:
         raise DatabaseLockedError(
             f"{target} is open in PID {holder.pid}: stop the service before restoring over its file."
