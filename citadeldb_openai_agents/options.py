@@ -43,7 +43,7 @@ def check_ttl(seconds: Any) -> float | None:
 
 
 # The settings every process on one file must share; a store may adopt the owner's (`check_adopt`).
-FIXED_PER_FILE = ("ttl", "embedder", "sync_mode")
+FIXED_PER_FILE = ("ttl", "embedder", "sync_mode", "erasure_ledger")
 
 
 def check_adopt(names: Any) -> frozenset[str]:

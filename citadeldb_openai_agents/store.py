@@ -71,10 +71,10 @@ class CitadelSessionStore:
             with no change to their code, and take it over if it goes. False: the file
             is this process's alone (another gets `DatabaseLockedError`); a forked
             child's inherited store raises `ForkedStoreError`.
-        adopt: Settings fixed per file ("ttl", "embedder", "sync_mode") taken from the
-            file's owner when this store is its client, not refused if they differ
-            (`adopted` says what was taken; a takeover keeps the owner's TTL and sync
-            mode). `from_config` adopts every one the configuration leaves unset.
+        adopt: Settings fixed per file (`FIXED_PER_FILE`: "ttl", "embedder", "sync_mode",
+            "erasure_ledger") taken from the file's owner when this store is its client, not
+            refused if they differ (`adopted` says what was taken; a takeover keeps the owner's).
+            `from_config` adopts every one the configuration leaves unset.
         shards, shard: The fleet's shard names and this process's (`shard_for` places each
             session on one): every operation on a session another shard holds then raises
             `WrongShardError`, before anything is read or written.
@@ -83,7 +83,7 @@ class CitadelSessionStore:
 
     Stores (and `CitadelSession` objects) on the same file in one process share
     one open database; a different passphrase for an open file is refused. Every process
-    on one file needs the same passphrase, TTL, embedder and sync mode (or adopts them).
+    on one file needs the same passphrase, TTL, embedder, sync mode and ledger (or adopts them).
     """
 
     def __init__(
@@ -112,6 +112,7 @@ class CitadelSessionStore:
             self.session_settings = session_settings
             resolved_embedder = resolve_embedder(embedder)
             options = database_options(argon2_profile, sync_mode, cache_size)
+            ledger = None if erasure_ledger is None else os.path.abspath(erasure_ledger)  # as all name it
             self._closed = False
             self._close_lock = threading.Lock()
             self._file = SharedFile(
@@ -120,12 +121,11 @@ class CitadelSessionStore:
                 embedder=resolved_embedder,
                 options=options,
                 create=create,
-                terms=Terms(checked_ttl, sync_mode or DEFAULT_SYNC_MODE),  # checked by database_options
+                terms=Terms(checked_ttl, sync_mode or DEFAULT_SYNC_MODE, ledger),  # mode checked above
                 serve=serve,
                 adopt=adopted,
                 options_for=lambda mode: database_options(argon2_profile, mode, cache_size),  # type: ignore[arg-type]
                 ring=ring,
-                ledger=None if erasure_ledger is None else os.fspath(erasure_ledger),
             )
         finally:
             del key  # gone from this frame on every path: error trackers record its locals

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +18,7 @@ import pytest
 from citadeldb_openai_agents import (
     BackupExistsError,
     CitadelSessionStore,
+    ConfigurationError,
     DatabaseLockedError,
     LedgerError,
     restore_backup,
@@ -170,3 +176,57 @@ def test_verify_reports_a_ledger_it_cannot_trust(backed_up: tuple[Path, Path, Pa
         verdict = store.verify()
     assert not verdict.ok
     assert any("line 1 of the erasure ledger" in finding for finding in verdict.findings), verdict.findings
+
+
+OWNER = textwrap.dedent(
+    """
+    import sys
+    from citadeldb_openai_agents import CitadelSessionStore
+    ledger = sys.argv[3] or None
+    store = CitadelSessionStore(sys.argv[1], sys.argv[2], argon2_profile="iot", erasure_ledger=ledger)
+    print("ready", flush=True)
+    sys.stdin.read()
+    """
+)
+
+
+@contextlib.contextmanager
+def owner_with(database: Path, ledger: Path | None) -> Iterator[subprocess.Popen[str]]:
+    """Another process owning `database` with `ledger` (or none); killed at the end."""
+    argv = [sys.executable, "-c", OWNER, str(database), KEY, "" if ledger is None else str(ledger)]
+    owner = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout is not None and owner.stdout.readline() == "ready\n"
+        yield owner
+    finally:
+        owner.kill()
+        owner.wait(timeout=30)
+
+
+def test_a_clients_ledger_must_be_the_owners_and_its_erasures_are_recorded_there(tmp_path: Path) -> None:
+    """The owner records every erasure: a client naming another ledger (or none) would find its
+    erasures missing from the one it named, so it is refused, or adopts the owner's."""
+    database, ledger, backup = tmp_path / "agent.cdl", tmp_path / "erasures.jsonl", tmp_path / "backup.cdl"
+    with owner_with(database, None) as owner:
+        with pytest.raises(ConfigurationError) as caught:
+            open_store(database, ledger)
+        assert f"erasure_ledger: this process has {str(ledger)!r}, the owner has none" in str(caught.value)
+        assert f"process {owner.pid}" in str(caught.value)
+    with owner_with(database, ledger) as owner:
+        with pytest.raises(ConfigurationError, match=f"this process has none, the owner has {str(ledger)!r}"):
+            open_store(database, None)
+        with open_store(database, ledger) as client:
+            assert client.served_by == owner.pid
+            add(client, "alice", "alice 1", "alice 2")
+            add(client, "bob", "bob 1")
+            client.backup(backup)
+            client.erase_session("alice")
+        with CitadelSessionStore(database, KEY, adopt=["erasure_ledger"]) as adopter:
+            assert adopter.adopted == {"erasure_ledger": str(ledger)}
+            owner.kill()
+            owner.wait(timeout=30)
+            asyncio.run(adopter.session("bob").pop_item())  # the takeover keeps recording there
+            assert adopter.served_by is None
+    assert [json.loads(line)["op"] for line in ledger.read_bytes().splitlines()] == ["session", "items"]
+    report = restore_backup(backup, database, KEY, erasure_ledger=ledger, replace=True)
+    assert report.erased == {"alice": 2, "bob": 1}

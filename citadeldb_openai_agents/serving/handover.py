@@ -57,7 +57,6 @@ class Opening:
     adopt: frozenset[str] = frozenset()
     options_for: Callable[[str], citadeldb.DatabaseOptions] | None = None
     adopted: dict[str, Any] = field(default_factory=dict)
-    ledger: str | None = None  # the erasure ledger's path: the owner records there
 
     @property
     def identity(self) -> EmbedderIdentity:
@@ -82,8 +81,12 @@ class Opening:
                 self.options = self.options_for(owner.terms.sync_mode)
         if "embedder" in self.adopt:
             self.adopted["embedder"] = EmbedderIdentity(*owner.identity)
+        if "erasure_ledger" in self.adopt:
+            self.adopted["erasure_ledger"] = owner.terms.erasure_ledger
         self.terms = Terms(
-            self.adopted.get("ttl", self.terms.ttl), self.adopted.get("sync_mode", self.terms.sync_mode)
+            self.adopted.get("ttl", self.terms.ttl),
+            self.adopted.get("sync_mode", self.terms.sync_mode),
+            self.adopted.get("erasure_ledger", self.terms.erasure_ledger),
         )
 
 
@@ -101,7 +104,7 @@ def attach(opening: Opening, mode: Mode, deadline: float) -> Transport:
                     embedder=opening.embedder,
                     options=opening.options,
                     create=opening.create,
-                    ledger=opening.ledger,
+                    ledger=opening.terms.erasure_ledger,
                 )
             except DatabaseLockedError as exc:
                 locked = exc

@@ -54,6 +54,9 @@ class Terms:
 
     ttl: float | None
     sync_mode: str
+    # The erasure ledger's absolute path: a client whose erasures the owner records in no
+    # ledger, or in another one, would find them back after a restore.
+    erasure_ledger: str | None = None
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,7 @@ def _seconds(value: Any) -> float:
     return float(value)
 
 
-_TERMS = record(Terms, ttl=optional(_seconds), sync_mode=text)
+_TERMS = record(Terms, ttl=optional(_seconds), sync_mode=text, erasure_ledger=optional(text))
 _IDENTITY = pair(text, whole, text)
 CLIENT_HELLO = record(ClientHello, pid=whole, program=text, terms=_TERMS, identity=_IDENTITY)
 OWNER_HELLO = record(OwnerHello, pid=whole, path=text, terms=_TERMS, identity=_IDENTITY)
@@ -110,7 +113,16 @@ def disagreements(owner: OwnerHello, mine: ClientHello, adopted: Collection[str]
         problems.append(
             f"sync_mode: this process has {mine.terms.sync_mode!r}, the owner has {owner.terms.sync_mode!r}"
         )
+    if "erasure_ledger" not in adopted and owner.terms.erasure_ledger != mine.terms.erasure_ledger:
+        problems.append(
+            f"erasure_ledger: this process has {_ledger(mine.terms.erasure_ledger)}, "
+            f"the owner has {_ledger(owner.terms.erasure_ledger)}"
+        )
     return problems
+
+
+def _ledger(path: str | None) -> str:
+    return "none" if path is None else repr(path)
 
 
 def _ttl(ttl: float | None) -> str:

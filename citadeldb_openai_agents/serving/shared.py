@@ -65,13 +65,12 @@ class SharedFile:
         adopt: frozenset[str] = frozenset(),
         options_for: Callable[[str], citadeldb.DatabaseOptions] | None = None,
         ring: Ring | None = None,
-        ledger: str | None = None,
     ) -> None:
         passphrase = Secret(key.encode("utf-8", "surrogatepass"))
         del key  # error trackers record a failed frame's locals
         resolved = resolve_path(path)
         self._opening = Opening(
-            path, resolved, passphrase, embedder, options, create, terms, adopt, options_for, ledger=ledger
+            path, resolved, passphrase, embedder, options, create, terms, adopt, options_for
         )
         self._socket_key = SocketKey(passphrase, resolved)
         self._mode: Mode = ServeToOthers(self._socket_key) if serve else KeepToSelf()
