@@ -27,7 +27,7 @@ def authenticated_peer(db_path: Path, key: str) -> Channel:
             {
                 "pid": os.getpid(),
                 "program": "test",
-                "terms": {"ttl": None, "sync_mode": "full"},
+                "terms": {"ttl": None, "sync_mode": "full", "erasure_ledger": None},
                 "identity": ["any", 1, "cosine"],
             },
         ]
