@@ -29,6 +29,7 @@ from citadeldb_openai_agents import (
     WrongPassphraseError,
 )
 from citadeldb_openai_agents.serving import client as client_module
+from citadeldb_openai_agents.serving import handshake
 from citadeldb_openai_agents.serving.address import Secret, SocketKey, socket_path
 from citadeldb_openai_agents.serving.handshake import VERSION
 from citadeldb_openai_agents.storage.lockholder import find_lock_holder
@@ -167,26 +168,26 @@ def test_a_relay_cannot_use_a_handshake_it_forwards_even_where_the_lock_holder_i
 
 
 def test_a_fake_owner_records_nothing_that_tests_a_passphrase(
-    db_path: Path, tmp_path: Path, attackers: list[Attacker]
+    db_path: Path, tmp_path: Path, attackers: list[Attacker], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A process that takes the lock (no passphrase needed) and plays the owner: the client refuses it
     before sending anything derived from the passphrase, so the recorded bytes cannot tell the
-    right passphrase from a wrong one."""
+    right passphrase from a wrong one: with the client's nonce fixed, they are the same bytes."""
     CitadelSessionStore(db_path, KEY, argon2_profile="iot").close()
     recorded = tmp_path / "fake.bin"
     fake = Attacker("fake-owner", str(db_path), _address(db_path), str(recorded))
     attackers.append(fake)
-    with pytest.raises(WrongPassphraseError, match="could not prove"):
-        CitadelSessionStore(db_path, KEY)
-    transcript = recorded.read_bytes()
-    assert transcript[:10] == (38).to_bytes(4, "big") + b"CDLS" + VERSION.to_bytes(2, "big")
-    assert len(transcript) == 42, "the client sent more than its hello"
-    nonce = transcript[10:]
+    monkeypatch.setattr(handshake.secrets, "token_bytes", lambda size: b"n" * size)
+    transcripts = []
     for candidate in (KEY, "a wrong guess"):
-        key = SocketKey(Secret(candidate.encode()), str(db_path.resolve()))
-        # Whatever the client could have proved under `candidate` is not in what was recorded.
-        assert key.mac(b"client", nonce)[:8] not in transcript
-        key.forget()
+        with pytest.raises(WrongPassphraseError) as caught:
+            CitadelSessionStore(db_path, candidate)
+        assert f"process {fake.pid}, which holds the file" in str(caught.value)
+        assert f"(process {os.getpid()})" in str(caught.value)
+        transcripts.append(recorded.read_bytes())
+        recorded.unlink()
+    assert transcripts[0] == transcripts[1], "what the client sent depends on its passphrase"
+    assert transcripts[0] == (38).to_bytes(4, "big") + b"CDLS" + VERSION.to_bytes(2, "big") + b"n" * 32
 
 
 def test_testing_a_guess_against_the_socket_costs_more_than_against_the_file(db_path: Path) -> None:

@@ -140,6 +140,9 @@ class RemoteOwner:
             client_side(channel, self._key, pid, deadline)
             channel.send(["hello", hello_to_wire(self._hello)])
             reply = channel.receive(deadline)
+        except ProofRefused:
+            channel.close()
+            raise self._proof_refused(pid) from None
         except BaseException as exc:
             channel.close()
             raise self._refusal(exc) from None
@@ -177,19 +180,23 @@ class RemoteOwner:
             )
         return pid
 
+    def _proof_refused(self, pid: int) -> WrongPassphraseError:
+        # Either side may be wrong: flock needs no passphrase, so the lock holder may be no store.
+        holder = f"process {pid}" if pid else "the process"
+        return WrongPassphraseError(
+            f"wrong passphrase for {self._path}: {holder}, which holds the file and serves it, does "
+            f"not accept this one's (process {os.getpid()}): it could not prove it knows this "
+            "passphrase, so nothing derived from it was sent. Check CITADEL_KEY / CITADEL_KEY_FILE: "
+            f"every process on one file needs the same passphrase. If it is right, {holder} is not "
+            "a store of this file: find it (`ps -p PID`) and stop it."
+        )
+
     def _refusal(self, exc: BaseException) -> BaseException:
         """What a failed connection means for the caller (never a secret: only what was refused)."""
         if isinstance(exc, _Impostor):
             return CitadelSessionError(
                 f"refused to use {self._address} for {self._path}: {exc}. Another process is posing "
                 "as the file's owner, so nothing was sent to it. Find it (`ss -xp`), stop it, then retry."
-            )
-        if isinstance(exc, ProofRefused):
-            return WrongPassphraseError(
-                f"wrong passphrase for {self._path}: the process that holds the file and serves it "
-                "does not accept it (it could not prove it knows this passphrase, so nothing derived "
-                "from it was sent). Check CITADEL_KEY / CITADEL_KEY_FILE: every process on one file "
-                "needs the same passphrase."
             )
         if isinstance(exc, VersionRefused):
             return CitadelSessionError(
