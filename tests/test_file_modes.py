@@ -9,9 +9,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import stat
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_operator_cli import PASSPHRASE, environment, run
@@ -124,3 +128,35 @@ def test_export_all_handles_every_id_the_store_accepts(tmp_path: Path) -> None:
         refused.returncode == 1 and "lone surrogate" in refused.stderr and "Traceback" not in refused.stderr
     )
     assert not (tmp_path / "all.db").exists() and not list(tmp_path.glob(".all.db.*"))
+
+
+def test_a_socket_bound_while_another_thread_creates_a_file_leaves_the_umask_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The umask is the process's: two threads that each set it and put back what they found
+    would, interleaved (bind starts, a creation starts, bind ends, the creation ends), leave it
+    at the socket's 0177, and every directory made later unusable (0600)."""
+    from citadeldb_openai_agents.serving import server
+    from citadeldb_openai_agents.storage.files import private_files
+
+    creating, bound = threading.Event(), threading.Event()
+
+    class SlowToBind(socket.socket):
+        def bind(self, address: Any) -> None:
+            creating.wait(timeout=2)  # the creation starts while the socket's umask is set, if it can
+            super().bind(address)
+
+    def create() -> None:
+        with private_files():
+            creating.set()
+            bound.wait(timeout=2)
+
+    monkeypatch.setattr(server.socket, "socket", SlowToBind)
+    creator = threading.Thread(target=create)
+    binder = threading.Thread(target=lambda: (server._listen(str(tmp_path / "s.sock")).close(), bound.set()))
+    binder.start()
+    time.sleep(0.2)  # the binder is in bind, with its umask set
+    creator.start()
+    binder.join(timeout=10)
+    creator.join(timeout=10)
+    assert os.umask(0o022) == 0o022

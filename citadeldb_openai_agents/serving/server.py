@@ -21,6 +21,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from ..storage.files import umask
 from ..storage.local import LocalFile
 from ..storage.process import SERVERS, at_fork, current_pid
 from .address import SocketKey, remove_stale_sockets
@@ -347,11 +348,8 @@ def _listen(address: str) -> socket.socket:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(address)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    previous = os.umask(0o177)  # created 0600: no window in which others could connect
-    try:
+    with umask(0o177):  # created 0600: no window in which others could connect
         listener.bind(address)
-    finally:
-        os.umask(previous)
     os.chmod(address, 0o600)
     listener.listen(64)
     listener.setblocking(False)  # accepted only once select says a peer waits (`Server._accept`)

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
 from ..results import Progress
+from .process import UMASK, at_fork
 
 # Citadel keeps these beside the database file; without any of them the data cannot be
 # decrypted, so they are backed up, restored and moved together.
@@ -59,6 +60,23 @@ def opening(path: str) -> Iterator[None]:
 _umask_lock = threading.RLock()  # a new file's open nests the creation's own
 
 
+def _take_umask_lock() -> None:
+    _umask_lock.acquire()
+
+
+def _give_umask_lock() -> None:
+    _umask_lock.release()
+
+
+def _new_umask_lock() -> None:
+    global _umask_lock
+    _umask_lock = threading.RLock()  # the parent's was taken before the fork: the child gets its own
+
+
+# A child forked while another thread held it would wait for it forever at its first new file.
+at_fork(UMASK, before=_take_umask_lock, after_in_parent=_give_umask_lock, after_in_child=_new_umask_lock)
+
+
 @contextmanager
 def private_files() -> Iterator[None]:
     """Files created meanwhile are 0600 whatever the umask: a database, its companions, a backup.
@@ -67,8 +85,16 @@ def private_files() -> Iterator[None]:
     copy them and guess the passphrase offline). The umask is the process's, so another
     thread creating a file meanwhile gets the stricter mode too, never a looser one.
     """
+    with umask(0o077):
+        yield
+
+
+@contextmanager
+def umask(mask: int) -> Iterator[None]:
+    """The process's umask set to `mask` meanwhile; one change at a time, so two threads
+    restoring each other's value can never leave the process with the wrong one."""
     with _umask_lock:
-        previous = os.umask(0o077)
+        previous = os.umask(mask)
         try:
             yield
         finally:

@@ -29,8 +29,8 @@ def _refresh() -> None:
 
 
 Hook = Callable[[], None]
-# Ranks: the registry of open files, then the files served, then each server.
-REGISTRY, HOSTING, SERVERS = 10, 20, 30
+# Ranks: the registry of open files, then the files served, then each server, then the umask.
+REGISTRY, HOSTING, SERVERS, UMASK = 10, 20, 30, 40
 _hooks: list[tuple[int, Hook | None, Hook | None, Hook | None]] = []
 
 
