@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -358,6 +359,7 @@ def test_a_locked_file_shows_no_passphrase_in_errors_or_cli_output(
             with pytest.raises(DatabaseLockedError) as caught:
                 CitadelSessionStore(original, key)
             assert not leaked(described(caught.value))
+            assert not secrets_in_frames(caught.value), secrets_in_frames(caught.value)
             for command, argv in COMMANDS.items():
                 code = run_cli(argv, original.parent, key, monkeypatch)
                 out, err = capfd.readouterr()
@@ -408,4 +410,64 @@ def test_a_client_refused_by_the_owner_keeps_no_secret_or_socket_key_in_its_fram
         assert owner.stdin is not None
         owner.stdin.close()
         owner.wait(timeout=60)
+    assert_nothing_leaked(every_log_record, capfd)
+
+
+def test_no_refusal_on_a_clients_way_keeps_a_secret_or_socket_key_in_its_frames(
+    original: Path, clean_environment: None, monkeypatch: pytest.MonkeyPatch, every_log_record, capfd
+) -> None:
+    """Settings that differ, an owner that stops answering a call or a handshake, a relay posing as
+    the owner: each error a client raises, and every frame it carries, holds no secret."""
+    from test_socket_security import Attacker, stop_every_thread
+
+    from citadeldb_openai_agents import ConfigurationError, StorageError
+    from citadeldb_openai_agents.serving import client as client_module
+    from citadeldb_openai_agents.serving.address import Secret, SocketKey, socket_path
+
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, str(original), PASSPHRASE],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    errors: dict[str, BaseException] = {}
+    try:
+        assert owner.stdout is not None and owner.stdout.readline().strip() == "ready"
+        key = SocketKey(Secret(PASSPHRASE.encode()), str(original.resolve()))
+        key.mac(b"x")
+        DERIVED.append(bytes(key._key.value))
+        key.forget()
+        with pytest.raises(ConfigurationError) as caught:
+            CitadelSessionStore(original, PASSPHRASE, ttl=3600)
+        errors["settings differ"] = caught.value
+        with CitadelSessionStore(original, PASSPHRASE) as client:
+            session = client.session("s")
+            asyncio.run(session.add_items([{"role": "user", "content": "hello"}]))
+            monkeypatch.setattr(client_module, "SILENCE_SECONDS", 1.0)
+            monkeypatch.setattr(client_module, "CONNECT_SECONDS", 1.0)
+            stop_every_thread(owner.pid)
+            try:
+                with pytest.raises(StorageError, match="has not answered") as caught:
+                    asyncio.run(session.get_items())
+                errors["a call unanswered"] = caught.value
+                with pytest.raises(StorageError, match="did not complete the handshake") as caught:
+                    CitadelSessionStore(original, PASSPHRASE)
+                errors["a handshake unanswered"] = caught.value
+            finally:
+                os.kill(owner.pid, signal.SIGCONT)
+        relay = Attacker("relay", socket_path(str(original.resolve())), str(original.parent / "relay.bin"))
+        try:
+            with pytest.raises(CitadelSessionError, match="posing") as caught:
+                CitadelSessionStore(original, PASSPHRASE)
+            errors["a relay"] = caught.value
+        finally:
+            relay.stop()
+    finally:
+        DERIVED.clear()
+        assert owner.stdin is not None
+        owner.stdin.close()
+        owner.wait(timeout=60)
+    for case, error in errors.items():
+        assert not leaked(described(error)), case
+        assert not secrets_in_frames(error), (case, secrets_in_frames(error))
     assert_nothing_leaked(every_log_record, capfd)

@@ -183,7 +183,7 @@ def test_a_fake_owner_records_nothing_that_tests_a_passphrase(
         with pytest.raises(WrongPassphraseError) as caught:
             CitadelSessionStore(db_path, candidate)
         assert f"process {fake.pid}, which holds the file" in str(caught.value)
-        assert f"(process {os.getpid()})" in str(caught.value)
+        assert f"(this is process {os.getpid()})" in str(caught.value)
         transcripts.append(recorded.read_bytes())
         recorded.unlink()
     assert transcripts[0] == transcripts[1], "what the client sent depends on its passphrase"

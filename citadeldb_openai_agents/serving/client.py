@@ -185,7 +185,7 @@ class RemoteOwner:
         holder = f"process {pid}" if pid else "the process"
         return WrongPassphraseError(
             f"wrong passphrase for {self._path}: {holder}, which holds the file and serves it, does "
-            f"not accept this one's (process {os.getpid()}): it could not prove it knows this "
+            f"not accept it (this is process {os.getpid()}): it could not prove it knows this "
             "passphrase, so nothing derived from it was sent. Check CITADEL_KEY / CITADEL_KEY_FILE: "
             f"every process on one file needs the same passphrase. If it is right, {holder} is not "
             "a store of this file: find it (`ps -p PID`) and stop it."
