@@ -322,17 +322,24 @@ def test_socket_names_do_not_reveal_the_database_path(db_path: Path) -> None:
     assert secret.stat().st_mode & 0o777 == 0o600
 
 
+@pytest.mark.parametrize("form", ["directory", "symlink", "file"])
 def test_another_users_squat_in_tmp_cannot_stop_this_users_store_or_erasure(
-    db_path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    db_path: Path, monkeypatch: pytest.MonkeyPatch, form: str
 ) -> None:
-    """The old runtime directory, /tmp/citadeldb-openai-agents-<uid>, made by another user first."""
+    """The old runtime directory's name, /tmp/citadeldb-openai-agents-<uid>, taken first by another
+    user as a directory, a symlink or a plain file (sticky /tmp: this user cannot remove it)."""
     if os.getuid() != 0:
         pytest.skip("needs root to make a directory owned by another user (as that user would)")
     squat = Path(f"/tmp/citadeldb-openai-agents-{os.getuid()}")
-    made = not squat.exists()
-    if made:
+    if squat.exists() or squat.is_symlink():
+        pytest.skip(f"{squat} exists already: not this test's to replace")
+    if form == "directory":
         squat.mkdir(mode=0o777)
-        os.chown(squat, 65534, 65534)
+    elif form == "symlink":
+        squat.symlink_to("/")
+    else:
+        squat.write_text("squat")
+    os.lchown(squat, 65534, 65534)
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     try:
         for serve in (True, False):
@@ -341,15 +348,37 @@ def test_another_users_squat_in_tmp_cannot_stop_this_users_store_or_erasure(
         env = {k: v for k, v in os.environ.items() if not k.startswith("CITADEL_") and k != "XDG_RUNTIME_DIR"}
         env.update(CITADEL_PATH=str(db_path), CITADEL_KEY=KEY)
         command = [sys.executable, "-m", "citadeldb_openai_agents"]
-        listed = subprocess.run([*command, "sessions"], env=env, capture_output=True, text=True)
-        assert listed.returncode == 0 and "s-True" in listed.stdout, listed.stderr
-        erased = subprocess.run(
-            [*command, "erase", "s-True", "--yes"], env=env, capture_output=True, text=True
-        )
-        assert erased.returncode == 0, erased.stderr
+        for serving, session_id in (("true", "s-True"), ("false", "s-False")):
+            env["CITADEL_SERVE"] = serving
+            listed = subprocess.run([*command, "sessions"], env=env, capture_output=True, text=True)
+            assert listed.returncode == 0 and session_id in listed.stdout, listed.stderr
+            erased = subprocess.run(
+                [*command, "erase", session_id, "--yes"], env=env, capture_output=True, text=True
+            )
+            assert erased.returncode == 0, erased.stderr
+        with CitadelSessionStore(db_path, KEY) as store:
+            assert store.session_ids() == []
     finally:
-        if made:
+        if squat.is_dir() and not squat.is_symlink():
             squat.rmdir()
+        else:
+            squat.unlink()
+
+
+def test_a_store_that_does_not_serve_never_touches_the_runtime_directory(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where no private directory can be had, a store kept to one process still opens and erases."""
+    from citadeldb_openai_agents.serving import address
+
+    def unusable() -> Path:
+        raise AssertionError("serve = false looked for the runtime directory")
+
+    monkeypatch.setattr(address, "runtime_directory", unusable)
+    with CitadelSessionStore(db_path, KEY, argon2_profile="iot", serve=False) as store:
+        asyncio.run(store.session("alice").add_items(items("hello")))
+        receipt = store.erase_session("alice")
+        assert (receipt.items_erased, receipt.readback_confirmed, store.session_ids()) == (1, True, [])
 
 
 def test_a_sigkilled_serve_false_owner_leaves_no_refusal_behind(db_path: Path) -> None:
