@@ -11,15 +11,12 @@ this process's own writes and dropped after a write by any other path
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from ..errors import CorruptDatabaseError
 from .audit import ATOM_KEYS
 from .records import segment_name
-
-if TYPE_CHECKING:
-    from .segment_cache import SegmentCaches
-    from .segments import SessionState
+from .segment_cache import SegmentCaches, SessionState, live_ids
 
 
 class RowReader(Protocol):
@@ -34,11 +31,6 @@ class RowReader(Protocol):
 def now_micros() -> int:
     """Now, in Citadel's unit for times: µs since the epoch."""
     return time.time_ns() // 1000
-
-
-def live_ids(atoms: dict[int, int | None], now: int) -> list[int]:
-    """The ids among item rows (id -> expiry, ascending) that have not expired by `now`."""
-    return [atom for atom, expires in atoms.items() if expires is None or expires > now]
 
 
 class CompletenessCheck:

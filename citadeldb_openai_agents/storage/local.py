@@ -41,7 +41,8 @@ from .inspection import integrity_report
 from .ledger import LedgerEntry
 from .reembed import reembed_file
 from .search_upkeep import store_all_pending
-from .segments import SessionLayout, SessionState
+from .segment_cache import SessionState
+from .segments import SessionLayout
 
 T = TypeVar("T")
 _log = logging.getLogger("citadeldb_openai_agents")

@@ -18,8 +18,8 @@ from .completeness import now_micros
 from .records import segment_name
 from .search_blocks import word_hashes
 from .search_index import rank
-from .segment_cache import Stamp
-from .segments import SessionLayout, SessionState
+from .segment_cache import SessionState, Stamp
+from .segments import SessionLayout
 
 
 def newest(layout: SessionLayout, memory: Memory, state: SessionState, limit: int) -> list[str]:

@@ -40,8 +40,8 @@ from .codec import (
 )
 from .search_blocks import Entries, block_atom, derive, read_block
 from .search_index import Chunk, SegmentIndex
-from .segment_cache import SegmentCache
-from .segments import ALL, SessionLayout, SessionState
+from .segment_cache import SegmentCache, SessionState
+from .segments import ALL, SessionLayout
 
 logger = logging.getLogger("citadeldb_openai_agents")
 

@@ -1,6 +1,7 @@
 """What this process knows of each segment, kept right by one rule: the region's write count.
 
-A segment's entry (`SegmentCache`) holds its item rows as the pages list them (id and
+A session's `SessionState` holds its segments and an entry per segment; a segment's entry
+(`SegmentCache`) holds its item rows as the pages list them (id and
 expiry: what every read is checked against, completeness.py, and where the tail's live
 ids come from), the payload of every live item once a read or this process's writes
 have seen them all (the SDK reads whole sessions every turn), and its search entries
@@ -27,21 +28,21 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
-from .completeness import live_ids
-from .records import segment_name
+from .records import CatalogRecord, segment_name
 from .search_index import SegmentIndex
-
-if TYPE_CHECKING:
-    from .segments import SessionState
 
 # Bytes of payload text and search entries held per open file: about 300,000 items'
 # search entries at 384 dimensions and 32 MiB of JSON text.
 CACHE_BUDGET = 160 * 2**20
 
 Stamp = tuple[int, int]
+
+
+def live_ids(atoms: dict[int, int | None], now: int) -> list[int]:
+    """The ids among item rows (id -> expiry, ascending) that have not expired by `now`."""
+    return [atom for atom, expires in atoms.items() if expires is None or expires > now]
 
 
 @dataclass(eq=False)
@@ -98,6 +99,23 @@ class SegmentCache:
     def nbytes(self) -> int:
         text = self.text_bytes if self.payloads is not None else 0
         return text + (self.search.nbytes if self.search is not None else 0)
+
+
+@dataclass
+class SessionState:
+    """What this process knows about one session's segments (guarded by `lock`)."""
+
+    session_id: str
+    hid: str
+    segments: list[int] = field(default_factory=list)
+    catalog_id: int | None = None
+    record: CatalogRecord | None = None
+    # What this process knows of each segment, by number.
+    cache: dict[int, SegmentCache] = field(default_factory=dict)
+    # The text of the session's latest user message and when it was right: a reply's
+    # vector is computed with the question it answers (writes.append).
+    question: tuple[str, tuple[object, ...]] | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
 class SegmentCaches:

@@ -35,7 +35,6 @@ import re
 import secrets
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import citadeldb
@@ -45,7 +44,7 @@ from ..embedders.protocol import Embedder, EmbedderIdentity
 from ..errors import CorruptDatabaseError, EmbedderMismatchError
 from .audit import AuditVerdict
 from .codec import ITEM_KIND
-from .completeness import CompletenessCheck, RowReader, live_ids, now_micros
+from .completeness import CompletenessCheck, RowReader, now_micros
 from .ledger import ErasureLedger
 from .records import (
     CATALOG_KIND,
@@ -59,29 +58,12 @@ from .records import (
     session_hid,
 )
 from .search_index import SegmentIndex
-from .segment_cache import SegmentCache, SegmentCaches
+from .segment_cache import SegmentCache, SegmentCaches, SessionState, live_ids
 
 SEGMENT_CAPACITY = 256
 ALL = 2**63 - 1  # fetch's default limit is 100; "everything" must be asked for.
 
 logger = logging.getLogger("citadeldb_openai_agents")
-
-
-@dataclass
-class SessionState:
-    """What this process knows about one session's segments (guarded by `lock`)."""
-
-    session_id: str
-    hid: str
-    segments: list[int] = field(default_factory=list)
-    catalog_id: int | None = None
-    record: CatalogRecord | None = None
-    # What this process knows of each segment, by number (segment_cache.py).
-    cache: dict[int, SegmentCache] = field(default_factory=dict)
-    # The text of the session's latest user message and when it was right: a reply's
-    # vector is computed with the question it answers (writes.append).
-    question: tuple[str, tuple[object, ...]] | None = None
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
 class SessionLayout:

@@ -26,7 +26,8 @@ from . import search_upkeep
 from .codec import ITEM_KIND, Batch
 from .ledger import LedgerEntry
 from .reads import newest_in
-from .segments import SessionLayout, SessionState
+from .segment_cache import SessionState
+from .segments import SessionLayout
 from .writes import append, clear, committed
 
 # (atom id, payload) of a stored item: what a snapshot holds and a replacement compares.

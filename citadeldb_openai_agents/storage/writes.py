@@ -30,7 +30,8 @@ from .completeness import now_micros
 from .reads import all_items, newest, newest_hit, newest_in
 from .records import CATALOG_REGION
 from .search_blocks import Entries, block_atom, derive, placeholder_vector
-from .segments import ALL, SEGMENT_CAPACITY, SessionLayout, SessionState
+from .segment_cache import SessionState
+from .segments import ALL, SEGMENT_CAPACITY, SessionLayout
 
 
 def append(
