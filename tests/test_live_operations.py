@@ -14,9 +14,11 @@ import threading
 import time
 from pathlib import Path
 
+import citadeldb
+import pytest
 from test_serving import Service
 
-from citadeldb_openai_agents import CitadelSessionStore
+from citadeldb_openai_agents import CitadelSessionStore, DatabaseLockedError, reembed
 
 from conftest import KEY
 
@@ -95,7 +97,6 @@ def write_expired_items(path: Path) -> int:
             batch = [{"role": "user", "content": f"{session_id} {n}"} for n in range(EXPIRED_ITEMS)]
             asyncio.run(expiring.session(session_id).add_items(batch))
         written = time.time()  # the last item's expiry is at most this plus TTL
-        assert expiring.purge_expired() == 0, "none has expired yet"
     # Citadel compares expiry with its own wall clock (tests/test_ttl.py).
     time.sleep(max(0.0, written + TTL + 0.1 - time.time()))
     return len(EXPIRED_SESSIONS) * EXPIRED_ITEMS
@@ -153,6 +154,31 @@ def test_purge_beside_eight_writers_counts_the_expired_items_through_the_owner(t
         with CitadelSessionStore(tmp_path / "agent.cdl", KEY) as client:
             assert client.served_by == owner.pid
             purge_while_writing(client, expired)
+    finally:
+        log = owner.stop()
+    assert "Traceback" not in log, log
+
+
+def test_reembed_on_a_live_file_is_refused_naming_the_owner_and_no_write_fails(tmp_path: Path) -> None:
+    """`reembed` changes the embedder every process of the service holds (a setting fixed per file):
+    run live, each would go on embedding with the old model. It needs the file to itself, says
+    which process holds it, and leaves the service's writes alone."""
+    owner = Service(tmp_path / "agent.cdl")
+    try:
+        with CitadelSessionStore(tmp_path / "agent.cdl", KEY) as client, Writers(client) as writers:
+            with pytest.raises(DatabaseLockedError, match=f"PID {owner.pid}"):
+                reembed(tmp_path / "agent.cdl", KEY, citadeldb.MockEmbedder(dim=64))
+            before = dict(writers.acknowledged)
+            deadline = time.monotonic() + 30
+            while writers.acknowledged == before and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert writers.acknowledged != before and not writers.errors, writers.errors
+            assert client.verify().ok and client.embedder_identity.dim == 128
+        assert not writers.errors, writers.errors
+        with CitadelSessionStore(tmp_path / "agent.cdl", KEY) as client:
+            for name, count in writers.acknowledged.items():
+                items = asyncio.run(client.session(name).get_items())
+                assert items == [{"role": "user", "content": f"{name} {n}"} for n in range(count)], name
     finally:
         log = owner.stop()
     assert "Traceback" not in log, log
