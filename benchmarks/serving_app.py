@@ -44,7 +44,7 @@ _commits: list[Commit] = []
 
 def _time_commits() -> None:
     """Wrap the storage handle's writes so that every commit is timed (BENCH_COMMIT_STATS)."""
-    from citadeldb_openai_agents.storage import handle
+    from citadeldb_openai_agents.storage import memory_handle as handle
 
     write = handle.MemoryHandle._write
     lock = threading.Lock()

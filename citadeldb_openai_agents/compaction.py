@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from .storage.codec import decode_item, decode_items, encode_batch
 
 if TYPE_CHECKING:
-    from .serving.shared import SharedFile
+    from .serving.shared_file import SharedFile
 
 # When an item written now expires (the store's TTL), in µs since the epoch, or None.
 ExpiresAt = Callable[[], "int | None"]

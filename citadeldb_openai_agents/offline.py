@@ -8,7 +8,7 @@ from typing import Any
 from .embedders.providers import resolve_embedder
 from .options import Argon2Profile, SyncMode, check_passphrase
 from .results import IntegrityReport, Progress, ReembedSummary, RestoreReport
-from .storage import inspection, local
+from .storage import inspection, local_file
 from .storage.engine import database_options
 from .storage.restore import restore
 
@@ -37,7 +37,7 @@ def reembed(
     `progress(regions done, regions)` is called after each region.
     """
     try:
-        return local.reembed(path, check_passphrase(key), resolve_embedder(embedder), progress)
+        return local_file.reembed(path, check_passphrase(key), resolve_embedder(embedder), progress)
     finally:
         del key  # as in CitadelSessionStore.__init__: a failed frame's locals are recorded
 

@@ -12,8 +12,8 @@ from agents.memory.session_settings import resolve_session_limit
 
 from .errors import CitadelSessionError, ForkedStoreError, SessionClosedError
 from .results import HistoryHit
+from .search_tool import search_tool
 from .store import CitadelSessionStore
-from .tool import search_tool
 
 if TYPE_CHECKING:
     from agents import FunctionTool

@@ -2,7 +2,7 @@
 
 It checks what callers give it (options.py), turns items into JSON text and back
 (storage/codec.py), and hands every operation to the file it stands on
-(storage/local.py). Sessions (session.py) call its private methods from worker threads.
+(storage/local_file.py). Sessions (session.py) call its private methods from worker threads.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from .errors import SessionClosedError, SessionNotFoundError
 from .options import DEFAULT_SYNC_MODE, Argon2Profile, SyncMode, check_adopt, check_passphrase, check_ttl
 from .results import Erasure, HistoryHit, IntegrityReport, MoveSummary, Progress, SessionSummary
 from .serving.protocol import Terms
-from .serving.shared import SharedFile
+from .serving.shared_file import SharedFile
 from .shards import Ring
 from .storage.codec import decode_item, decode_items, encode_batch, placed_hits
-from .storage.local import database_options
+from .storage.local_file import database_options
 from .transfer.chunks import IMPORT_MODES, ImportMode, import_chunks
 from .transfer.moves import move_sessions
 

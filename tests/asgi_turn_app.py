@@ -30,7 +30,7 @@ from agents import Agent, Runner, set_tracing_disabled
 from agents.testing import ScriptedModel, assistant_message
 
 from citadeldb_openai_agents import from_config
-from citadeldb_openai_agents.storage.local import LocalFile
+from citadeldb_openai_agents.storage.local_file import LocalFile
 
 set_tracing_disabled(True)
 

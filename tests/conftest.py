@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from citadeldb_openai_agents import CitadelSessionStore
-from citadeldb_openai_agents.storage.handle import MemoryHandle
+from citadeldb_openai_agents.storage.memory_handle import MemoryHandle
 
 KEY = "correct horse battery staple"
 

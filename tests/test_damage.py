@@ -317,7 +317,7 @@ def test_an_unreadable_layout_record_is_reported(original) -> None:
 @pytest.fixture
 def fetch_loses_one_atom(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """Citadel's `fetch` silently skips the atoms listed (as it skips one whose key is damaged)."""
-    from citadeldb_openai_agents.storage.handle import MemoryHandle
+    from citadeldb_openai_agents.storage.memory_handle import MemoryHandle
 
     lost: list[int] = []
     original_getattr = MemoryHandle.__getattr__

@@ -58,7 +58,7 @@ from citadeldb_openai_agents import CitadelSessionStore
 from citadeldb_openai_agents.serving.address import socket_path
 from citadeldb_openai_agents.serving.handover import HANDOVER_SECONDS
 from citadeldb_openai_agents.storage.lockholder import find_lock_holder
-from citadeldb_openai_agents.storage.process import gone
+from citadeldb_openai_agents.storage.process_state import gone
 
 from conftest import KEY
 

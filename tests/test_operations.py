@@ -97,7 +97,7 @@ async def test_a_backup_runs_while_no_write_is_under_way(
 ) -> None:
     import time
 
-    from citadeldb_openai_agents.storage import local as storage_module
+    from citadeldb_openai_agents.storage import local_file as storage_module
 
     from stub_embedders import StubEmbedder
 

@@ -57,7 +57,7 @@ SERVICE = textwrap.dedent(
     import asyncio, json, logging, os, signal, sys
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")
     from citadeldb_openai_agents import CitadelSessionStore
-    from citadeldb_openai_agents.storage import local
+    from citadeldb_openai_agents.storage import local_file as local
 
     store = CitadelSessionStore(sys.argv[1], sys.argv[2], argon2_profile="iot", serve=sys.argv[3] == "serve")
 
@@ -294,7 +294,7 @@ SLOW_OPENER = textwrap.dedent(
     """
     import sys, time
     from citadeldb_openai_agents import CitadelSessionStore
-    from citadeldb_openai_agents.storage import local
+    from citadeldb_openai_agents.storage import local_file as local
 
     audit = local.check_before_memory
     local.check_before_memory = lambda *args: (time.sleep(float(sys.argv[3])), audit(*args))[1]

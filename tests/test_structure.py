@@ -45,7 +45,7 @@ LAYERS = [
     {"serving"},
     {"compaction", "transfer"},
     {"store", "offline"},
-    {"tool"},
+    {"search_tool"},
     {"session"},
     {"demo", "migration"},
     {"config"},

@@ -40,7 +40,7 @@ from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ..errors import CitadelSessionError
-from ..storage.process import gone
+from ..storage.process_state import gone
 
 _APP = "citadeldb-openai-agents"
 _SUN_PATH = 107  # bytes of a Unix socket's name on Linux (108, less the terminating NUL)
@@ -86,7 +86,7 @@ def remove_stale_sockets(keep: str, *, older_than: float = 60.0) -> list[str]:
                 removed.append(name)
         except OSError:
             continue  # gone meanwhile, or not a socket to judge
-    for entry in directory.glob("*.opening.*"):  # `hosting.opening`'s, named by pid
+    for entry in directory.glob("*.opening.*"):  # `served_files.opening`'s, named by pid
         with contextlib.suppress(OSError, ValueError):
             if _age(entry, now) >= older_than and gone(int(entry.name.rsplit(".", 1)[1])):
                 entry.unlink()

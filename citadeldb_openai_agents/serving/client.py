@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from ..errors import CitadelSessionError, StorageError, WrongPassphraseError
 from ..results import Progress
 from ..storage.lockholder import find_lock_holder
-from ..storage.process import gone
+from ..storage.process_state import gone
 from .address import SocketKey
 from .channel import Channel
 from .handshake import VERSION, ProofRefused, VersionRefused, client_side, peer_process

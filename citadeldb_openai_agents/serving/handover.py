@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..embedders.protocol import Embedder, EmbedderIdentity
 from ..errors import DatabaseLockedError, ForkedStoreError
-from ..storage.local import LocalFile
+from ..storage.local_file import LocalFile
 from ..storage.lockholder import shorten_command
-from ..storage.process import current_pid, gone
-from . import hosting, refusals
+from ..storage.process_state import current_pid, gone
+from . import refusals, served_files
 from .address import Secret, socket_path
 from .client import RemoteOwner
 from .modes import Mode, ServeToOthers
@@ -81,12 +81,15 @@ class Opening:
                 self.options = self.options_for(owner.terms.sync_mode)
         if "embedder" in self.adopt:
             self.adopted["embedder"] = EmbedderIdentity(*owner.identity)
+        ledger = self.terms.erasure_ledger
         if "erasure_ledger" in self.adopt:
-            self.adopted["erasure_ledger"] = owner.terms.erasure_ledger
+            ledger = owner.terms.erasure_ledger  # listed only when the owner keeps one
+            if ledger is not None:
+                self.adopted["erasure_ledger"] = ledger
         self.terms = Terms(
             self.adopted.get("ttl", self.terms.ttl),
             self.adopted.get("sync_mode", self.terms.sync_mode),
-            self.adopted.get("erasure_ledger", self.terms.erasure_ledger),
+            ledger,
         )
 
 
@@ -111,7 +114,7 @@ def attach(opening: Opening, mode: Mode, deadline: float) -> Transport:
                 mode.locked(opening.resolved, locked)
             except ForkedStoreError as exc:
                 # A child forked while its parent held the file: the parent serves it, or nobody.
-                if not mode.serves or not hosting.serves(opening.resolved):
+                if not mode.serves or not served_files.serves(opening.resolved):
                     raise
                 parent = exc.owner_pid
                 locked = DatabaseLockedError(f"{opening.resolved} is held by the parent of this process.")
@@ -140,7 +143,7 @@ def _still_waiting(
         # take the file over, so there is no handover to wait for once it is gone.
         raise refusals.parent_gone(resolved, parent, gone(parent), HANDOVER_SECONDS) from None
     holder = locked.holder
-    opener = holder is not None and hosting.is_opening(resolved, holder.pid)
+    opener = holder is not None and served_files.is_opening(resolved, holder.pid)
     if opener:
         # A big file takes seconds to open (its audit reads every row): the holder is on
         # its way to serving it, so wait for it rather than a fixed time.

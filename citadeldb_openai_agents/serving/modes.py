@@ -13,9 +13,9 @@ import os
 from typing import Protocol
 
 from ..errors import DatabaseLockedError
-from ..storage.local import LocalFile
-from ..storage.process import current_pid
-from . import hosting, refusals
+from ..storage.local_file import LocalFile
+from ..storage.process_state import current_pid
+from . import refusals, served_files
 from .address import SocketKey
 from .protocol import Terms
 
@@ -47,15 +47,15 @@ class ServeToOthers:
         self.key = key
 
     def opening(self, path: str) -> contextlib.AbstractContextManager[None]:
-        return hosting.opening(path)
+        return served_files.opening(path)
 
     def owned(self, path: str, local: LocalFile, terms: Terms) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(exclusive_mark(path))  # a killed serve = false owner's
-        hosting.start_serving(path, local, self.key, terms)
+        served_files.start_serving(path, local, self.key, terms)
 
     def released(self, path: str) -> None:
-        hosting.stop_serving(path)
+        served_files.stop_serving(path)
 
     def locked(self, path: str, locked: DatabaseLockedError) -> None:
         if locked.holder is not None and exclusive(path, locked.holder.pid):

@@ -18,7 +18,7 @@ import signal
 import threading
 import time
 
-from ..storage.process import gone
+from ..storage.process_state import gone
 
 log = logging.getLogger("citadeldb_openai_agents")
 

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..storage.files import umask
-from ..storage.local import LocalFile
-from ..storage.process import SERVERS, at_fork, current_pid
+from ..storage.local_file import LocalFile
+from ..storage.process_state import SERVERS, at_fork, current_pid
 from .address import SocketKey, remove_stale_sockets
 from .channel import Channel
 from .handshake import ProofRefused, VersionRefused, owner_side, peer_process

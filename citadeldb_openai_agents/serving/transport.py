@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from ..results import Progress
-from ..storage.local import LocalFile
+from ..storage.local_file import LocalFile
 from .operations import Operation
 
 T = TypeVar("T")

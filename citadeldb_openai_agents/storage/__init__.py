@@ -2,7 +2,7 @@
 
 Read it bottom up:
 
-* files.py: the files that make one database; process.py: which process this is;
+* files.py: the files that make one database; process_state.py: which process this is;
 * translate.py: citadeldb's errors turned into ours (one boundary);
 * engine.py: the open file and its owner thread; registry.py: the files this process
   holds open, and what a fork inherits;
@@ -12,5 +12,5 @@ Read it bottom up:
   atoms and back;
 * segments.py: sessions onto chains of small regions; reads.py and writes.py: the
   operations on one session; reembed.py: a file's vectors made anew;
-* local.py: `LocalFile`, every operation the store offers, on a file open here.
+* local_file.py: `LocalFile`, every operation the store offers, on a file open here.
 """

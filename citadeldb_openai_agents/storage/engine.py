@@ -41,8 +41,8 @@ from ..options import Argon2Profile, SyncMode, check_argon2_profile, check_cache
 from . import inventory
 from .codec import ITEM_KIND
 from .files import AUDIT_SUFFIX, COMPANION_SUFFIXES, opening, private_files
-from .handle import MemoryHandle
-from .process import current_pid
+from .memory_handle import MemoryHandle
+from .process_state import current_pid
 from .translate import companions_missing, translate_open_error, translate_storage_error
 
 _log = logging.getLogger("citadeldb_openai_agents")

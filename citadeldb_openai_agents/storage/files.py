@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
 from ..results import Progress
-from .process import UMASK, at_fork
+from .process_state import UMASK, at_fork
 
 # Citadel keeps these beside the database file; without any of them the data cannot be
 # decrypted, so they are backed up, restored and moved together.

@@ -27,7 +27,7 @@ from ..errors import CitadelSessionError
 from ..options import check_passphrase
 from .engine import BeforeMemory, OpenDatabase, forked_error, refuse_lost_key_files
 from .files import resolve_path
-from .process import REGISTRY, at_fork, current_pid
+from .process_state import REGISTRY, at_fork, current_pid
 from .translate import translate_open_error, translate_storage_error
 
 T = TypeVar("T")

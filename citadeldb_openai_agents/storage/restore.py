@@ -12,7 +12,7 @@ from ..embedders.protocol import Embedder
 from ..errors import BackupExistsError, CorruptDatabaseError, DatabaseLockedError, DatabaseNotFoundError
 from ..results import RestoreReport
 from .files import database_files, resolve_path
-from .local import LocalFile
+from .local_file import LocalFile
 from .lockholder import find_lock_holder
 
 

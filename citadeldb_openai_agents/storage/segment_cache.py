@@ -6,7 +6,7 @@ expiry: what every read is checked against, completeness.py, and where the tail'
 ids come from), the payload of every live item once a read or this process's writes
 have seen them all (the SDK reads whole sessions every turn), and its search entries
 (search_index.py). It is right while the file's count of calls that may have changed
-the region is the count it was stamped with (handle.py `MemoryHandle` counts every
+the region is the count it was stamped with (memory_handle.py `MemoryHandle` counts every
 such call where Citadel is called). So:
 
 * a write made here runs inside `writing`, changes the entry as it changes the pages

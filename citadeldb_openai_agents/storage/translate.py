@@ -97,7 +97,7 @@ _AUDIT_MAGIC = "0x41554454"  # "AUDT", the audit log's magic number
 def _locked(path: str) -> DatabaseLockedError:
     holder = find_lock_holder(path)
     who = "another process" if holder is None else f"another process, {holder}"
-    # What to do about it depends on serving, which the caller (serving/shared.py) adds.
+    # What to do about it depends on serving, which the caller (serving/shared_file.py) adds.
     return DatabaseLockedError(
         f"{path} is held by {who}: one process owns a Citadel file at a time.", holder=holder
     )

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from ..errors import SessionNotEmptyError
 from ..results import ImportSummary, Progress
-from ..serving.shared import SharedFile
+from ..serving.shared_file import SharedFile
 from ..storage.codec import Batch, digest, encode_item
 from ..storage.segments import SEGMENT_CAPACITY
 

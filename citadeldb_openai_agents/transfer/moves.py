@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from ..errors import MoveConflictError, SessionNotFoundError
 from ..results import MoveSummary, Progress
-from ..serving.shared import SharedFile
+from ..serving.shared_file import SharedFile
 from ..storage.codec import batch_of_payloads, digest
 from .chunks import write_chunks
 

@@ -11,8 +11,8 @@ import os
 import threading
 from collections.abc import Iterator
 
-from ..storage.local import LocalFile
-from ..storage.process import HOSTING, at_fork, current_pid, gone
+from ..storage.local_file import LocalFile
+from ..storage.process_state import HOSTING, at_fork, current_pid, gone
 from .address import SocketKey, opening_marker, socket_path
 from .protocol import Terms
 from .server import Server

@@ -33,9 +33,9 @@ from ..results import Erasure, IntegrityReport, Progress
 from ..shards import Ring
 from ..storage.codec import Batch
 from ..storage.files import resolve_path
-from ..storage.local import LocalFile
-from . import hosting
+from ..storage.local_file import LocalFile
 from . import operations as ops
+from . import served_files
 from .address import Secret, SocketKey
 from .handover import HANDOVER_SECONDS, Opening, attach
 from .modes import KeepToSelf, Mode, ServeToOthers
@@ -126,7 +126,7 @@ class SharedFile:
         transport = self._transport
         if not isinstance(transport, LocalTransport) or not transport.local.forked:
             return
-        if not self._mode.serves or not hosting.serves(self.path):
+        if not self._mode.serves or not served_files.serves(self.path):
             transport.local.check_process()  # ForkedStoreError: the parent does not serve the file
         with self._lock:
             if self._transport is transport:  # the inherited file is left as it is (registry.py)
@@ -237,7 +237,7 @@ class SharedFile:
                     "it and serves it to this one: every process on the file would be left with the old one. "
                     "Stop the service first, then run rotate-key."
                 )
-            clients = hosting.clients_of(self.path)
+            clients = served_files.clients_of(self.path)
             if clients:
                 raise StorageError(
                     f"cannot change the passphrase of {self.path} while {clients} other process"
@@ -248,7 +248,9 @@ class SharedFile:
             self._opening.passphrase.replace(keys[1].encode("utf-8", "surrogatepass"))
             self._socket_key.forget()  # derived anew from the new passphrase when next needed
             if isinstance(self._mode, ServeToOthers):
-                hosting.restart_serving(self.path, transport.local, self._socket_key, self._opening.terms)
+                served_files.restart_serving(
+                    self.path, transport.local, self._socket_key, self._opening.terms
+                )
         finally:
             keys.clear()
 
