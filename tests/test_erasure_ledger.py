@@ -230,3 +230,15 @@ def test_a_clients_ledger_must_be_the_owners_and_its_erasures_are_recorded_there
     assert [json.loads(line)["op"] for line in ledger.read_bytes().splitlines()] == ["session", "items"]
     report = restore_backup(backup, database, KEY, erasure_ledger=ledger, replace=True)
     assert report.erased == {"alice": 2, "bob": 1}
+
+
+def test_two_writers_of_one_files_ledger_keep_one_chain(tmp_path: Path) -> None:
+    """An owner appends from the head it wrote last, unless the ledger changed since: a process that
+    takes the file back after another owner's erasures continues their chain, not its own."""
+    from citadeldb_openai_agents.storage.ledger import ErasureLedger
+
+    path = str(tmp_path / "erasures.jsonl")
+    first, second = ErasureLedger(path, b"s" * 32), ErasureLedger(path, b"s" * 32)
+    for n, writer in enumerate([first, first, second, second, first, second, first]):
+        writer.record_items("h" * 32, [(n, 1_700_000_000_000_000 + n)])
+    assert [entry.number for entry in ErasureLedger(path, b"s" * 32).entries()] == [1, 2, 3, 4, 5, 6, 7]

@@ -71,6 +71,9 @@ class ErasureLedger:
         self._key = hmac.new(salt, _MAC_LABEL, hashlib.sha256).digest()
         self.file = hmac.new(salt, _FILE_LABEL, hashlib.sha256).hexdigest()[:16]
         self._lock = threading.Lock()
+        # The chain's head as this process last wrote it, by the ledger's (inode, size) then:
+        # an append finds it without reading the whole ledger unless another writer came between.
+        self._head: tuple[tuple[int, int], int, str] | None = None
 
     def record_session(self, hid: str, through: int) -> None:
         self._append({"op": "session", "session": hid, "through": through})
@@ -88,18 +91,26 @@ class ErasureLedger:
         ledger cannot hold is refused (`LedgerError`), or a restore would bring it back."""
         try:
             with self._lock, self._locked() as descriptor:
-                last = self._read(descriptor, cut_torn=True)
-                number, previous = (last[-1][0].number + 1, last[-1][1]) if last else (1, "")
+                number, previous = self._next(descriptor)
                 line = {"v": 1, "file": self.file, "n": number, "at": time.time_ns() // 1000, **body}
                 line["prev"] = previous
                 line["mac"] = self._mac(line)
                 os.write(descriptor, (json.dumps(line, separators=(",", ":")) + "\n").encode())
                 os.fsync(descriptor)
+                self._head = (_identity(descriptor), number, line["mac"])
         except OSError as exc:
             raise LedgerError(
                 f"cannot record the erasure in the erasure ledger {self.path} ({exc.strerror or exc}); "
                 "nothing was erased. Make its directory writable, or unset erasure_ledger."
             ) from None
+
+    def _next(self, descriptor: int) -> tuple[int, str]:
+        """The number and previous MAC of the next entry: from the head this process wrote last,
+        while the ledger is as it left it, else from reading (and checking) the whole ledger."""
+        if self._head is not None and self._head[0] == _identity(descriptor):
+            return self._head[1] + 1, self._head[2]
+        last = self._read(descriptor, cut_torn=True)
+        return (last[-1][0].number + 1, last[-1][1]) if last else (1, "")
 
     @contextmanager
     def _locked(self) -> Iterator[int]:
@@ -169,6 +180,11 @@ class ErasureLedger:
             f"line {number} of the erasure ledger {self.path} cannot be trusted: {why}. Nothing was "
             "changed. Restore the ledger from where it is copied, or ask whoever changed it."
         )
+
+
+def _identity(descriptor: int) -> tuple[int, int]:
+    status = os.fstat(descriptor)
+    return status.st_ino, status.st_size
 
 
 def _valid(line: dict[str, Any]) -> bool:
