@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from agents.memory import SessionSettings
@@ -16,10 +16,13 @@ from .search_tool import search_tool
 from .store import CitadelSessionStore
 
 if TYPE_CHECKING:
-    from agents import FunctionTool
+    from agents import FunctionTool, RunContextWrapper
     from agents.items import TResponseInputItem
 
 T = TypeVar("T")
+
+# Called with the session and the run's context before each history call a run makes.
+RunContextHook = Callable[["CitadelSession", "RunContextWrapper[Any]"], None]
 
 
 class CitadelSession:
@@ -34,6 +37,13 @@ class CitadelSession:
 
     The four protocol methods behave as `agents.SQLiteSession`'s do. Session ids
     are arbitrary strings, case-sensitive ("Bob" and "bob" are two sessions).
+
+    The session takes the run's context (the SDK passes its ``RunContextWrapper`` as
+    ``wrapper`` to sessions whose four methods accept it): ``on_run_context(session, wrapper)``
+    is called before each of them reads or writes anything, so an application can check
+    that the run's user or tenant may use this session, and raise to refuse it (the
+    exception reaches `Runner.run`; nothing is read or written). Called without a
+    context (directly, or by an SDK that passes none), the hook is not called.
     """
 
     session_settings: SessionSettings | None
@@ -48,6 +58,7 @@ class CitadelSession:
         session_settings: SessionSettings | None = None,
         embedder: Any | None = None,
         ttl: float | None = None,
+        on_run_context: RunContextHook | None = None,
     ) -> None:
         try:
             if not isinstance(session_id, str):
@@ -80,13 +91,16 @@ class CitadelSession:
         self.session_settings = session_settings if session_settings is not None else SessionSettings()
         self._store = store
         self._closed = False
+        self.on_run_context = on_run_context
 
     @property
     def store(self) -> CitadelSessionStore:
         """The store this session's items live in."""
         return self._store
 
-    async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
+    async def get_items(
+        self, limit: int | None = None, *, wrapper: RunContextWrapper[Any] | None = None
+    ) -> list[TResponseInputItem]:
         """Return the history, oldest first.
 
         Args:
@@ -94,19 +108,21 @@ class CitadelSession:
                 falls back to ``session_settings.limit``, and to every item when that
                 is None too; 0 returns ``[]``.
         """
-        self._check_open()
+        self._check_open(wrapper)
         resolved = resolve_session_limit(limit, self.session_settings)
         if resolved == 0:
             return []
         return await asyncio.to_thread(self._store._get_items, self.session_id, resolved)
 
-    async def add_items(self, items: list[TResponseInputItem]) -> None:
+    async def add_items(
+        self, items: list[TResponseInputItem], *, wrapper: RunContextWrapper[Any] | None = None
+    ) -> None:
         """Append items, atomically: all of the batch is stored or none of it.
 
         Raises:
             InvalidItemError: an item is not JSON (it names the item's position).
         """
-        self._check_open()
+        self._check_open(wrapper)
         if not items:
             return
         batch = list(items)
@@ -114,14 +130,14 @@ class CitadelSession:
             asyncio.to_thread(self._store._add_items, self.session_id, batch)
         )
 
-    async def pop_item(self) -> TResponseInputItem | None:
+    async def pop_item(self, *, wrapper: RunContextWrapper[Any] | None = None) -> TResponseInputItem | None:
         """Remove the newest item, erasing its key, and return it (None when empty)."""
-        self._check_open()
+        self._check_open(wrapper)
         return await _complete_despite_cancellation(asyncio.to_thread(self._store._pop_item, self.session_id))
 
-    async def clear_session(self) -> None:
+    async def clear_session(self, *, wrapper: RunContextWrapper[Any] | None = None) -> None:
         """Remove every item of this session, erasing their keys."""
-        self._check_open()
+        self._check_open(wrapper)
         await _complete_despite_cancellation(asyncio.to_thread(self._store._clear_session, self.session_id))
 
     async def search(self, query: str, *, limit: int = 5) -> list[TResponseInputItem]:
@@ -220,12 +236,14 @@ class CitadelSession:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    def _check_open(self) -> None:
+    def _check_open(self, wrapper: RunContextWrapper[Any] | None = None) -> None:
         # First: in a forked child, closed or not, the answer is the fork and its fix.
         self._store._check_process()
         if self._closed:
             raise SessionClosedError("this CitadelSession is closed; create a new one to continue.")
         self._store._check_open()
+        if wrapper is not None and self.on_run_context is not None:
+            self.on_run_context(self, wrapper)  # may raise: the call then reads and writes nothing
 
     def __repr__(self) -> str:
         return f"<CitadelSession {self.session_id!r} in {self._store.path!r}>"

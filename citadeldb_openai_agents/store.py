@@ -1,8 +1,7 @@
 """CitadelSessionStore: one encrypted Citadel file holding many sessions, the package's facade.
 
-It checks what callers give it (options.py), turns items into JSON text and back
-(storage/codec.py), and hands every operation to the file it stands on
-(storage/local_file.py). Sessions (session.py) call its private methods from worker threads.
+It checks what callers give it (options.py), turns items into JSON text and back (storage/codec.py),
+and hands every operation to its file (serving/shared_file.py). Sessions call its private methods.
 """
 
 from __future__ import annotations
@@ -32,58 +31,50 @@ if TYPE_CHECKING:
     from agents.memory import SessionSettings
 
     from .results import ImportSummary
-    from .session import CitadelSession
+    from .session import CitadelSession, RunContextHook
 
 
 class CitadelSessionStore:
     """An encrypted Citadel file shared by every session in it.
 
     Args:
-        path: The database file (created when missing, unless ``create=False``; its
-            directory must exist). A relative path resolves against the working
-            directory. Creating a file is logged at INFO (logger
-            ``citadeldb_openai_agents``) with its absolute path.
+        path: The database file (created when missing, unless ``create=False``; its directory
+            must exist). A relative path resolves against the working directory. Creating a
+            file is logged at INFO (logger ``citadeldb_openai_agents``) with its absolute path.
         key: The passphrase. Kept for the store's life in a private buffer zeroed on close
             (taking the file over from an owner that went means opening it again).
         embedder: Embeds item text for `CitadelSession.search`; default
-            ``citadeldb.MockEmbedder(dim=128)`` (no download). Any object with
-            ``dim``, ``metric``, ``model_id`` and ``embed_with_cancel`` works; one
-            with only ``embed`` / ``embed_queries`` is adapted.
-        ttl: Seconds an item lives after it is written; None keeps items forever.
-            Expired items are invisible at once and erased (keys destroyed) when
-            their session is next written or by `purge_expired`.
+            ``citadeldb.MockEmbedder(dim=128)`` (no download). Any object with ``dim``, ``metric``,
+            ``model_id`` and ``embed_with_cancel`` works; one with ``embed`` / ``embed_queries`` is adapted.
+        ttl: Seconds an item lives after it is written; None keeps items forever. Expired
+            items are invisible at once and erased (keys destroyed) when their session is next
+            written or by `purge_expired`.
         session_settings: Default `SessionSettings` for sessions minted here.
-        argon2_profile: Citadel's key-derivation cost for a *new* file ("iot",
-            "desktop", "server"); an existing file keeps the profile it was made with.
-        sync_mode: Citadel's durability for writes while this process owns the file:
-            "full" (default: each commit flushes the key file and, twice, the pages),
-            "normal" (the pages once) or "off" (the key file only: a killed process loses
-            nothing, a power cut may lose recent writes). Applied at every open, so every
-            process on one file needs the same mode.
+        argon2_profile: Citadel's key-derivation cost for a *new* file ("iot", "desktop",
+            "server"); an existing file keeps its own.
+        sync_mode: Citadel's durability for writes while this process owns the file: "full"
+            (default: each commit flushes the key file and, twice, the pages), "normal" (the pages
+            once) or "off" (the key file only: a killed process loses nothing, a power cut may
+            lose recent writes). Applied at every open: every process on one file needs the same.
         cache_size: Citadel's page cache in ~8 KiB pages for this process; default
             `DEFAULT_CACHE_PAGES` (16,384: at most ~128 MiB, filled as pages are read).
             Search is fast only while the cache holds the file (docs/performance.md).
-        create: False refuses to create a new file: a missing one raises
-            `DatabaseNotFoundError` instead, so a wrong path or working directory
-            cannot silently start an empty database.
-        serve: True (the default): the process that opens the file first owns it and
-            serves it to the other processes that open it, which become its clients
-            with no change to their code, and take it over if it goes. False: the file
-            is this process's alone (another gets `DatabaseLockedError`); a forked
-            child's inherited store raises `ForkedStoreError`.
-        adopt: Settings fixed per file (`FIXED_PER_FILE`: "ttl", "embedder", "sync_mode",
-            "erasure_ledger") taken from the file's owner when this store is its client, not
-            refused if they differ (`adopted` says what was taken; a takeover keeps the owner's).
-            `from_config` adopts every one the configuration leaves unset.
+        create: False refuses to create a new file: a missing one raises `DatabaseNotFoundError`,
+            so a wrong path or working directory cannot silently start an empty database.
+        serve: True (the default): the process that opens the file first owns it and serves it
+            to the other processes that open it, which become its clients with no change to
+            their code, and take it over if it goes. False: the file is this process's alone
+            (another gets `DatabaseLockedError`); a forked child's store raises `ForkedStoreError`.
+        adopt: Settings fixed per file (`FIXED_PER_FILE`: ttl, embedder, sync_mode, erasure_ledger)
+            taken from the owner when this store is its client, not refused if they differ (`adopted`
+            says what was taken; a takeover keeps them). `from_config` adopts those it leaves unset.
         shards, shard: The fleet's shard names and this process's (`shard_for` places each
-            session on one): every operation on a session another shard holds then raises
-            `WrongShardError`, before anything is read or written.
+            session on one): an operation on another shard's session raises `WrongShardError`.
         erasure_ledger: A file outside the database where the owner records every erasure
             before it starts (`LedgerError` if it cannot), so `restore_backup` erases it again.
 
-    Stores (and `CitadelSession` objects) on the same file in one process share
-    one open database; a different passphrase for an open file is refused. Every process
-    on one file needs the same passphrase, TTL, embedder, sync mode and ledger (or adopts them).
+    Stores on one file in one process share one open database (another passphrase is refused);
+    every process on it needs the same passphrase, TTL, embedder, sync mode and ledger, or adopts them.
     """
 
     def __init__(
@@ -161,14 +152,23 @@ class CitadelSessionStore:
     def closed(self) -> bool:
         return self._closed
 
-    def session(self, session_id: str, *, session_settings: SessionSettings | None = None) -> CitadelSession:
-        """A session of this store (created on its first write); `WrongShardError` for another shard's."""
+    def session(
+        self,
+        session_id: str,
+        *,
+        session_settings: SessionSettings | None = None,
+        on_run_context: RunContextHook | None = None,
+    ) -> CitadelSession:
+        """A session of this store (created on its first write); `WrongShardError` for another
+        shard's. `on_run_context` is called with each run's context (`CitadelSession`)."""
         from .session import CitadelSession
 
         self._check_open()
         self._file.check_shard(session_id)
         settings = session_settings if session_settings is not None else self.session_settings
-        return CitadelSession(session_id, store=self, session_settings=settings)
+        return CitadelSession(
+            session_id, store=self, session_settings=settings, on_run_context=on_run_context
+        )
 
     def session_ids(self) -> list[str]:
         """The ids of the sessions holding at least one live item, sorted."""

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+import pytest
 from agents import Agent, Runner, function_tool, set_tracing_disabled
 from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
 
@@ -75,3 +77,31 @@ def test_run_sync_in_worker_threads(store: CitadelSessionStore) -> None:
     with ThreadPoolExecutor(4) as pool:
         assert sorted(pool.map(one_user, range(8))) == sorted(f"reply {i}" for i in range(8))
     assert store.session_ids() == sorted(f"user-{i}" for i in range(8))
+
+
+async def test_the_run_context_reaches_the_sessions_hook_and_can_refuse_a_run(
+    store: CitadelSessionStore,
+) -> None:
+    """The session opts in to the SDK's run context: a hook sees each run's context before the
+    session reads or writes, and an exception it raises stops the run with nothing stored."""
+
+    @dataclass
+    class Tenant:
+        name: str
+
+    seen: list[str] = []
+
+    def only_acme(session: Any, wrapper: Any) -> None:
+        seen.append(wrapper.context.name)
+        if wrapper.context.name != "acme":
+            raise PermissionError(f"{wrapper.context.name} may not use {session.session_id}")
+
+    session = store.session("acme:user-1", on_run_context=only_acme)
+    model = ScriptedModel([[assistant_message("hello, acme")], [assistant_message("never sent")]])
+    agent = Agent(name="assistant", model=model)
+    await Runner.run(agent, "hi", session=session, context=Tenant("acme"))
+    assert len(seen) >= 2 and set(seen) == {"acme"}  # the history read, then the turn's write
+    assert len(await session.get_items()) == 2  # called without a context: the hook is not called
+    with pytest.raises(PermissionError, match="globex may not use acme:user-1"):
+        await Runner.run(agent, "hi", session=session, context=Tenant("globex"))
+    assert [item["role"] for item in await session.get_items()] == ["user", "assistant"]
