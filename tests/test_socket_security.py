@@ -322,17 +322,23 @@ def test_socket_names_do_not_reveal_the_database_path(db_path: Path) -> None:
     assert secret.stat().st_mode & 0o777 == 0o600
 
 
-@pytest.mark.parametrize("form", ["directory", "symlink", "file"])
 def test_another_users_squat_in_tmp_cannot_stop_this_users_store_or_erasure(
-    db_path: Path, monkeypatch: pytest.MonkeyPatch, form: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The old runtime directory's name, /tmp/citadeldb-openai-agents-<uid>, taken first by another
-    user as a directory, a symlink or a plain file (sticky /tmp: this user cannot remove it)."""
+    user as a directory, a symlink or a plain file (sticky /tmp: this user cannot remove it).
+    One test for the three forms: they share the one name, so they cannot run side by side."""
     if os.getuid() != 0:
         pytest.skip("needs root to make a directory owned by another user (as that user would)")
     squat = Path(f"/tmp/citadeldb-openai-agents-{os.getuid()}")
     if squat.exists() or squat.is_symlink():
         pytest.skip(f"{squat} exists already: not this test's to replace")
+    for form in ("directory", "symlink", "file"):
+        squatted(tmp_path / form / "agent.cdl", squat, form, monkeypatch)
+
+
+def squatted(db_path: Path, squat: Path, form: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    db_path.parent.mkdir()
     if form == "directory":
         squat.mkdir(mode=0o777)
     elif form == "symlink":
