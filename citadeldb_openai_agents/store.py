@@ -103,7 +103,7 @@ class CitadelSessionStore:
             self.session_settings = session_settings
             resolved_embedder = resolve_embedder(embedder)
             options = database_options(argon2_profile, sync_mode, cache_size)
-            ledger = None if erasure_ledger is None else os.path.abspath(erasure_ledger)  # as all name it
+            ledger = None if erasure_ledger is None else os.path.abspath(os.path.expanduser(erasure_ledger))
             self._closed = False
             self._close_lock = threading.Lock()
             self._file = SharedFile(

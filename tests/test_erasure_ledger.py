@@ -7,13 +7,12 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from test_serving import owner_running
 
 from citadeldb_openai_agents import (
     BackupExistsError,
@@ -190,17 +189,11 @@ OWNER = textwrap.dedent(
 )
 
 
-@contextlib.contextmanager
-def owner_with(database: Path, ledger: Path | None) -> Iterator[subprocess.Popen[str]]:
+def owner_with(
+    database: Path, ledger: Path | None
+) -> contextlib.AbstractContextManager[subprocess.Popen[str]]:
     """Another process owning `database` with `ledger` (or none); killed at the end."""
-    argv = [sys.executable, "-c", OWNER, str(database), KEY, "" if ledger is None else str(ledger)]
-    owner = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert owner.stdout is not None and owner.stdout.readline() == "ready\n"
-        yield owner
-    finally:
-        owner.kill()
-        owner.wait(timeout=30)
+    return owner_running(OWNER, database, "" if ledger is None else str(ledger))
 
 
 def test_a_clients_ledger_must_be_the_owners_and_its_erasures_are_recorded_there(tmp_path: Path) -> None:
@@ -242,3 +235,15 @@ def test_two_writers_of_one_files_ledger_keep_one_chain(tmp_path: Path) -> None:
     for n, writer in enumerate([first, first, second, second, first, second, first]):
         writer.record_items("h" * 32, [(n, 1_700_000_000_000_000 + n)])
     assert [entry.number for entry in ErasureLedger(path, b"s" * 32).entries()] == [1, 2, 3, 4, 5, 6, 7]
+
+
+def test_a_ledger_path_under_home_is_expanded_as_every_process_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with open_store(tmp_path / "agent.cdl", Path("~/erasures.jsonl")) as store:
+        add(store, "alice", "hello")
+        store.erase_session("alice")
+    assert [json.loads(line)["op"] for line in (tmp_path / "erasures.jsonl").read_bytes().splitlines()] == [
+        "session"
+    ]

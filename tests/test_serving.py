@@ -651,10 +651,10 @@ SERVED_BY_WITH_SETTINGS = textwrap.dedent(
 
 
 @contextlib.contextmanager
-def owner_running(script: str, path: Path) -> Iterator[subprocess.Popen[str]]:
-    """`script` run on `path` (it prints "ready" once it owns the file); killed at the end."""
+def owner_running(script: str, path: Path, *args: str) -> Iterator[subprocess.Popen[str]]:
+    """`script` run on `path` and `args` (it prints "ready" once it owns the file); killed at the end."""
     owner = subprocess.Popen(
-        [sys.executable, "-c", script, str(path), KEY],
+        [sys.executable, "-c", script, str(path), KEY, *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
