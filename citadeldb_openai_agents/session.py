@@ -7,17 +7,14 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from agents.memory import SessionSettings
-from agents.memory.session_settings import resolve_session_limit
-
 from .errors import CitadelSessionError, ForkedStoreError, SessionClosedError
 from .results import HistoryHit
-from .search_tool import search_tool
 from .store import CitadelSessionStore
 
 if TYPE_CHECKING:
     from agents import FunctionTool, RunContextWrapper
     from agents.items import TResponseInputItem
+    from agents.memory import SessionSettings
 
 T = TypeVar("T")
 
@@ -45,8 +42,6 @@ class CitadelSession:
     exception reaches `Runner.run`; nothing is read or written). Called without a
     context (directly, or by an SDK that passes none), the hook is not called.
     """
-
-    session_settings: SessionSettings | None
 
     def __init__(
         self,
@@ -88,10 +83,25 @@ class CitadelSession:
         finally:
             del key  # error trackers record a failed frame's locals (see database.acquire)
         self.session_id = session_id
-        self.session_settings = session_settings if session_settings is not None else SessionSettings()
+        self._session_settings = session_settings
         self._store = store
         self._closed = False
         self.on_run_context = on_run_context
+
+    @property
+    def session_settings(self) -> SessionSettings:
+        """The SDK's settings for this session (``limit``); the default one when none was given."""
+        # Made on first read: importing the SDK costs a process ~2.5 s, and one that only
+        # reads and writes through the store (a cron job, an owner, an export) never needs it.
+        if self._session_settings is None:
+            from agents.memory import SessionSettings
+
+            self._session_settings = SessionSettings()
+        return self._session_settings
+
+    @session_settings.setter
+    def session_settings(self, settings: SessionSettings | None) -> None:
+        self._session_settings = settings
 
     @property
     def store(self) -> CitadelSessionStore:
@@ -109,7 +119,11 @@ class CitadelSession:
                 is None too; 0 returns ``[]``.
         """
         self._check_open(wrapper)
-        resolved = resolve_session_limit(limit, self.session_settings)
+        resolved = limit
+        if resolved is None and self._session_settings is not None:
+            from agents.memory.session_settings import resolve_session_limit
+
+            resolved = resolve_session_limit(None, self._session_settings)
         if resolved == 0:
             return []
         return await asyncio.to_thread(self._store._get_items, self.session_id, resolved)
@@ -189,6 +203,8 @@ class CitadelSession:
         another session's items or expired ones.
         """
         self._check_open()
+        from .search_tool import search_tool
+
         return search_tool(self._search_placed, name=name, limit=limit)
 
     async def _search_placed(self, query: str, limit: int) -> tuple[list[HistoryHit], int]:

@@ -7,6 +7,8 @@ rarely taken branch counts as much as any other.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "citadeldb_openai_agents"
@@ -18,6 +20,8 @@ DEFERRED = {
     ("citadeldb_openai_agents", "citadeldb_openai_agents.session"),
     ("citadeldb_openai_agents.store", "citadeldb_openai_agents.session"),
     ("citadeldb_openai_agents.cli.commands", "citadeldb_openai_agents.demo"),
+    # Nor does a process that reads and writes sessions without running an agent.
+    ("citadeldb_openai_agents.session", "citadeldb_openai_agents.search_tool"),
     # sentence-transformers (the embeddings extra) is loaded only when that provider is chosen.
     ("citadeldb_openai_agents.embedders.providers", "citadeldb_openai_agents.embedders.local"),
 }
@@ -290,3 +294,34 @@ def test_citadeldb_is_pinned_to_the_minor_whose_private_tables_are_read() -> Non
     major, minor = map(int, CITADEL_MINOR.split("."))
     assert requirement == f"citadeldb>={CITADEL_MINOR}.0,<{major}.{minor + 1}", requirement
     assert version("citadeldb").startswith(f"{CITADEL_MINOR}."), version("citadeldb")
+
+
+def test_a_process_that_uses_sessions_without_running_an_agent_never_imports_the_sdk(tmp_path: Path) -> None:
+    """The SDK costs a process ~2.5 s to import: a cron job, an owner or an export need not pay it."""
+    script = f"""
+import asyncio, sys
+from citadeldb_openai_agents import CitadelSessionStore
+store = CitadelSessionStore({str(tmp_path / "m.citadel")!r}, "correct horse battery staple", argon2_profile="iot")
+session = store.session("alice")
+asyncio.run(session.add_items([{{"role": "user", "content": "hello"}}]))
+items = asyncio.run(session.get_items())
+asyncio.run(session.pop_item())
+store.close()
+print(len(items), "agents" in sys.modules)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "False"]
+
+
+def test_a_session_made_without_settings_still_shows_the_sdks_default() -> None:
+    from agents.memory import SessionSettings
+
+    from citadeldb_openai_agents import CitadelSession
+
+    session = CitadelSession.__new__(CitadelSession)
+    session._session_settings = None
+    assert session.session_settings == SessionSettings()
+    session.session_settings = SessionSettings(limit=3)
+    assert session.session_settings.limit == 3
+
