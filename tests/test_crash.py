@@ -8,10 +8,10 @@ whole and in order, that no batch is half written, and that Citadel's own
 integrity check passes. A kill in the middle of a pop or a clear leaves what Citadel
 cannot read: the file must still open, with nothing reported as damage.
 
-The default run kills 30 writers; ``python -m pytest -m slow tests/test_crash.py``
-kills 300. Both run again with writers that open the file with ``sync_mode="off"``,
-whose commits flush none of the file's pages (only its key file), and the slow one
-with "normal" (the pages once): a killed process leaves its writes with the kernel,
+The default run kills 8 writers; ``python -m pytest -m slow tests/test_crash.py``
+kills 300, and both run again with writers that open the file with ``sync_mode="off"``,
+whose commits flush none of the file's pages (only its key file), and the 300-kill one
+with "normal" too (the pages once): a killed process leaves its writes with the kernel,
 so what it acknowledged survives in every mode; what "full" adds is survival of a
 power cut or a kernel crash, which no test here can make. ``CRASH_SEED=<n>`` replays the kill delays (the seed is in the failure message; where a kill lands also depends on timing).
 """
@@ -278,7 +278,9 @@ def run_kills(tmp_path: Path, kills: int) -> None:
 
 
 # Citadel applies the sync mode at each open: the writers open the file with it.
-@pytest.mark.parametrize("sync_mode", ["", "off"], ids=["default", "off"])
+@pytest.mark.parametrize(
+    "sync_mode", ["", pytest.param("off", marks=pytest.mark.slow)], ids=["default", "off"]
+)
 def test_acknowledged_turns_survive_8_sigkills(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sync_mode: str
 ) -> None:

@@ -2,8 +2,8 @@
 
 The order is the promise: an interruption leaves a session whole in the source, or whole in
 both files (the erase still to do), never in neither, and a rerun finishes the move. The
-kill tests SIGKILL the `move` command at random moments (10 by default; ``-m slow``: 40; as a
-client of another process that owns one of the files, 4 and 20) and check that after each
+kill tests SIGKILL the `move` command at random moments (4 by default; ``-m slow``: 40; as a
+client of another process that owns one of the files, 2 and 20) and check that after each
 kill, then rerun it and check the source erased through Citadel's own readback.
 ``MOVE_SEED=<n>`` replays the kill delays (the seed is in the failure message; where a kill lands also depends on timing).
 """
