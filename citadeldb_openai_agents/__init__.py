@@ -27,6 +27,7 @@ from .errors import (
     SessionClosedError,
     SessionNotEmptyError,
     SessionNotFoundError,
+    ShardMovingError,
     StorageError,
     WrongPassphraseError,
     WrongShardError,
@@ -47,7 +48,7 @@ from .results import (
     SessionIntegrity,
     SessionSummary,
 )
-from .shards import shard_for
+from .shards import read_ring_file, shard_for, write_ring_file
 from .store import CitadelSessionStore
 
 __all__ = [
@@ -88,6 +89,7 @@ __all__ = [
     "SessionNotEmptyError",
     "SessionNotFoundError",
     "SessionSummary",
+    "ShardMovingError",
     "StorageError",
     "WrongPassphraseError",
     "WrongShardError",
@@ -96,10 +98,12 @@ __all__ = [
     "export_sqlite",
     "from_config",
     "import_file",
+    "read_ring_file",
     "reembed",
     "restore_backup",
     "shard_for",
     "verify_file",
+    "write_ring_file",
 ]
 __version__ = "0.1.0"
 

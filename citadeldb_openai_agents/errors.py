@@ -24,6 +24,7 @@ exception reaches a caller: storage/translate.py turns each into one of these.
     ├── MoveConflictError (ValueError)         a move whose target holds other items, or whose session changed
     ├── ImportSourceError (ValueError)         an import's source cannot be read as a session file
     ├── WrongShardError (LookupError)          the session belongs to another shard (names it)
+    │   └── ShardMovingError                   it is moving to another shard: retry shortly
     ├── BackupExistsError (FileExistsError)    a backup would overwrite a file
     └── ExportExistsError (FileExistsError)    an export would overwrite a file; nothing was written
 
@@ -160,6 +161,15 @@ class WrongShardError(CitadelSessionError, LookupError):
         self.session_id = session_id
         self.owner = owner
         self.shard = shard
+
+
+class ShardMovingError(WrongShardError):
+    """The session is moving from shard `source` to `owner` (a ring change): refused until it has
+    moved, then `owner` serves it. Nothing was read or written; retry shortly."""
+
+    def __init__(self, message: str, *, session_id: str, owner: str, shard: str, source: str) -> None:
+        super().__init__(message, session_id=session_id, owner=owner, shard=shard)
+        self.source = source
 
 
 class ConfigurationError(CitadelSessionError, ValueError):

@@ -20,7 +20,7 @@ from .options import DEFAULT_SYNC_MODE, Argon2Profile, SyncMode, check_adopt, ch
 from .results import Erasure, HistoryHit, IntegrityReport, MoveSummary, Progress, SessionSummary
 from .serving.protocol import Terms
 from .serving.shared_file import SharedFile
-from .shards import Ring
+from .shards import Ring, RingFile
 from .storage.codec import decode_item, decode_items, encode_batch, placed_hits
 from .storage.local_file import database_options
 from .transfer.chunks import IMPORT_MODES, ImportMode, import_chunks
@@ -59,8 +59,8 @@ class CitadelSessionStore:
         cache_size: Citadel's page cache in ~8 KiB pages for this process; default
             `DEFAULT_CACHE_PAGES` (16,384: at most ~128 MiB, filled as pages are read).
             Search is fast only while the cache holds the file (docs/performance.md).
-        create: False refuses to create a new file: a missing one raises `DatabaseNotFoundError`,
-            so a wrong path or working directory cannot silently start an empty database.
+        create: False refuses to create a new file (`DatabaseNotFoundError`): a wrong path or
+            working directory cannot silently start an empty database.
         serve: True (the default): the process that opens the file first owns it and serves it
             to the other processes that open it, which become its clients with no change to
             their code, and take it over if it goes. False: the file is this process's alone
@@ -70,6 +70,7 @@ class CitadelSessionStore:
             says what was taken; a takeover keeps them). `from_config` adopts those it leaves unset.
         shards, shard: The fleet's shard names and this process's (`shard_for` places each
             session on one): an operation on another shard's session raises `WrongShardError`.
+            Or `ring_file` in place of `shards`: a file an operator rewrites to change the ring live.
         erasure_ledger: A file outside the database where the owner records every erasure
             before it starts (`LedgerError` if it cannot), so `restore_backup` erases it again.
 
@@ -94,12 +95,13 @@ class CitadelSessionStore:
         shards: Sequence[str] | None = None,
         shard: str | None = None,
         erasure_ledger: str | os.PathLike[str] | None = None,
+        ring_file: str | os.PathLike[str] | None = None,
     ) -> None:
         try:
             check_passphrase(key)
             checked_ttl = check_ttl(ttl)
             adopted = check_adopt(adopt)
-            ring = Ring.of(shards, shard)
+            ring = Ring.of(shards, shard) if ring_file is None else RingFile.of(ring_file, shards, shard)
             self.session_settings = session_settings
             resolved_embedder = resolve_embedder(embedder)
             options = database_options(argon2_profile, sync_mode, cache_size)
@@ -133,8 +135,7 @@ class CitadelSessionStore:
 
     @property
     def adopted(self) -> dict[str, Any]:
-        """The settings this store took from the file's owner (see ``adopt``), with their values:
-        ``ttl`` seconds or None, ``sync_mode`` its name, ``embedder`` an `EmbedderIdentity`."""
+        """The settings this store took from the file's owner (see ``adopt``), with their values."""
         return self._file.adopted
 
     @property
@@ -159,8 +160,7 @@ class CitadelSessionStore:
         session_settings: SessionSettings | None = None,
         on_run_context: RunContextHook | None = None,
     ) -> CitadelSession:
-        """A session of this store (created on its first write); `WrongShardError` for another
-        shard's. `on_run_context` is called with each run's context (`CitadelSession`)."""
+        """A session (created on its first write); `WrongShardError` for another shard's. `on_run_context`: `CitadelSession`."""
         from .session import CitadelSession
 
         self._check_open()

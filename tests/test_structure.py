@@ -324,4 +324,3 @@ def test_a_session_made_without_settings_still_shows_the_sdks_default() -> None:
     assert session.session_settings == SessionSettings()
     session.session_settings = SessionSettings(limit=3)
     assert session.session_settings.limit == 3
-

@@ -16,6 +16,7 @@ from typing import Any
 from ..config import CitadelSettings
 from ..errors import CitadelSessionError, ConfigurationError, CorruptDatabaseError, DatabaseLockedError
 from . import commands
+from . import ring as ring_commands
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -82,6 +83,7 @@ def _add_operations(subcommands: Any) -> None:
     _add_import(add, as_json)
     _add_erasures(add, as_json)
     _add_file_operations(add, as_json)
+    _add_ring(add, as_json)
 
 
 def _add_init(add: Any) -> None:
@@ -267,6 +269,40 @@ def _add_file_operations(add: Any, as_json: Any) -> None:
         "that open the file become its clients. Logs clients connecting and leaving to stderr. "
         "Exit 1 if another process already holds the file.",
     ).set_defaults(run=commands.serve)
+
+
+def _add_ring(add: Any, as_json: Any) -> None:
+    """ring and rebalance: a change of the fleet's shards while it runs."""
+    shard_config = argparse.ArgumentParser(add_help=False)
+    shard_config.add_argument(
+        "--shard-config",
+        metavar="NAME=PATH",
+        action="append",
+        help="another shard's name and TOML file (repeat for each)",
+    )
+    ring = add(
+        "ring",
+        "show the fleet's ring file, or begin or finish a change of its shards",
+        "read_ring_file / write_ring_file",
+        "--begin NEW records the new shards and the old ones as previous: every shard then refuses "
+        "the sessions that move (ShardMovingError) until --finish, which first checks that no shard "
+        "of the old ring still holds one (give each with --shard-config). docs/deployment.md, "
+        "'Changing the ring'.",
+        shard_config,
+    )
+    change = ring.add_mutually_exclusive_group()
+    change.add_argument("--begin", metavar="A,B,C", help="the fleet's new shards, comma-separated")
+    change.add_argument("--finish", action="store_true", help="end the change under way")
+    ring.set_defaults(run=ring_commands.ring)
+    add(
+        "rebalance",
+        "move this shard's sessions that a ring change sends elsewhere to their new shards",
+        "store.move_sessions(session_ids, other_store)",
+        "Each session the ring file's new shards place on another shard is copied there, compared "
+        "item by item, and erased here with a receipt (as move does); run it again if interrupted.",
+        shard_config,
+        as_json,
+    ).set_defaults(run=ring_commands.rebalance)
 
 
 def _add_recovery(add: Any, as_json: Any) -> None:

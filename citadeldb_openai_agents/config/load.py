@@ -206,6 +206,7 @@ def open_store(
             shards=settings.shards,
             shard=settings.shard,
             erasure_ledger=settings.erasure_ledger,
+            ring_file=settings.ring_file,
         )
     except WrongPassphraseError as exc:
         hint = _key_file_hint(settings)

@@ -33,7 +33,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from ..errors import ConfigurationError
 from ..options import parse_duration
-from ..shards import Ring, check_shards
+from ..shards import Ring, RingFile, check_shards
 from .names import (
     ENV_PREFIX,
     OPTION_VARIABLES,
@@ -156,6 +156,11 @@ class CitadelSettings(BaseSettings):
         description="every shard of the fleet, by name (a TOML list, or comma-separated: a,b,c); "
         "with shard, sessions of other shards are refused (WrongShardError)",
     )
+    ring_file: Path | None = Field(
+        None,
+        description="in place of shards: a TOML file holding shards = [...], read again when it changes, "
+        "so that an operator changes the ring while the fleet runs (the ring command)",
+    )
     shard: str | None = Field(None, validate_default=True, description="this process's shard: one of shards")
 
     # Outside the file it describes (beside the backups): what `restore` erases again.
@@ -277,12 +282,18 @@ class CitadelSettings(BaseSettings):
     @classmethod
     def _one_of_the_shards(cls, shard: str | None, info: ValidationInfo) -> str | None:
         shards = info.data.get("shards")
-        if shards is None and "shards" not in info.data:
-            return shard  # shards itself is wrong: reported once, there
+        if (shards is None and "shards" not in info.data) or "ring_file" not in info.data:
+            return shard  # shards or ring_file itself is wrong: reported once, there
+        if info.data["ring_file"] is not None:
+            try:
+                RingFile.of(info.data["ring_file"], shards, shard)
+            except ConfigurationError as exc:
+                raise ValueError(exc.problems[0]) from None
+            return shard
         Ring.of(shards, shard)  # ValueError: one without the other, or not one of them
         return shard
 
-    @field_validator("path", "key_file", "secrets_dir", "erasure_ledger")
+    @field_validator("path", "key_file", "secrets_dir", "erasure_ledger", "ring_file")
     @classmethod
     def _expand_home(cls, path: Path | None) -> Path | None:
         return None if path is None else path.expanduser()

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..embedders.protocol import Embedder, EmbedderIdentity
 from ..errors import SessionClosedError, StorageError
 from ..results import Erasure, IntegrityReport, Progress
-from ..shards import Ring
+from ..shards import Ring, RingFile
 from ..storage.codec import Batch
 from ..storage.files import resolve_path
 from ..storage.local_file import LocalFile
@@ -64,7 +64,7 @@ class SharedFile:
         serve: bool,
         adopt: frozenset[str] = frozenset(),
         options_for: Callable[[str], citadeldb.DatabaseOptions] | None = None,
-        ring: Ring | None = None,
+        ring: Ring | RingFile | None = None,
     ) -> None:
         passphrase = Secret(key.encode("utf-8", "surrogatepass"))
         del key  # error trackers record a failed frame's locals

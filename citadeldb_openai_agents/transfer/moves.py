@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from ..errors import MoveConflictError, SessionNotFoundError
 from ..results import MoveSummary, Progress
 from ..serving.shared_file import SharedFile
+from ..shards import moving_sessions
 from ..storage.codec import batch_of_payloads, digest
 from .chunks import write_chunks
 
@@ -45,7 +46,22 @@ def move_sessions(
     expires_at: Callable[[], int | None],
     progress: Progress | None,
 ) -> list[MoveSummary]:
-    """Move each session in turn, once every one is known to be movable (found, no conflict)."""
+    """Move each session in turn, once every one is known to be movable (found, no conflict).
+
+    During a ring change the sessions it moves are refused to everyone else (`ShardMovingError`);
+    the move itself may read them at the shard they leave and write them at the one they go to.
+    """
+    with moving_sessions():
+        return _move_all(source, target, session_ids, expires_at, progress)
+
+
+def _move_all(
+    source: SharedFile,
+    target: SharedFile,
+    session_ids: list[str],
+    expires_at: Callable[[], int | None],
+    progress: Progress | None,
+) -> list[MoveSummary]:
     if source.path == target.path:
         raise ValueError(
             f"cannot move sessions from {source.path} to itself: the target must be another file "

@@ -1,0 +1,137 @@
+"""The ring commands: ``ring`` shows, begins or finishes a change of the fleet's ring file;
+``rebalance`` moves the sessions a change sends to other shards (docs/deployment.md,
+"Changing the ring"). The rules are the library's: `shard_for`, the guard that refuses a
+moving session to everyone but the move, and `move_sessions`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+from contextlib import ExitStack
+from datetime import datetime, timezone
+
+from .. import CitadelSessionStore, MoveSummary, read_ring_file, shard_for, write_ring_file
+from ..config import CitadelSettings, load_settings
+from . import render
+from .commands import Refused, _open, _settings, _warnings_printed
+
+
+def ring(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    path = _ring_file(settings)
+    shards, previous = read_ring_file(path)
+    if args.begin is not None:
+        new = [name.strip() for name in args.begin.split(",")]
+        if previous is not None:
+            raise Refused(
+                f"a ring change is under way in {path} already (from {_names(previous)} to "
+                f"{_names(shards)}): rebalance every shard, then `ring --finish`, before another"
+            )
+        write_ring_file(path, new, previous=shards)
+        print(f"ring change begun in {path}: from {_names(shards)} to {_names(new)}")
+        print("the sessions that move are refused on every shard until `ring --finish`; next, run")
+        print("`rebalance` on each shard that loses sessions")
+    elif args.finish:
+        if previous is None:
+            raise Refused(
+                f"no ring change is under way in {path} (shards {_names(shards)}); nothing to finish"
+            )
+        _check_nothing_left(args, settings, shards, previous)
+        write_ring_file(path, shards, previous=None)
+        print(f"ring change finished in {path}: shards {_names(shards)}")
+    else:
+        print(f"ring file {path}")
+        print(f"  shards:   {_names(shards)}")
+        under_way = "none" if previous is None else f"from {_names(previous)} (sessions moving)"
+        print(f"  change:   {under_way}")
+    return 0
+
+
+def rebalance(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    shards, previous = read_ring_file(_ring_file(settings))
+    if previous is None:
+        raise Refused(
+            "no ring change is under way, so no session is moving; begin one with "
+            "`ring --begin NEW,SHARDS` (docs/deployment.md, 'Changing the ring')"
+        )
+    targets = _shard_configs(args)
+    moved: list[tuple[str, MoveSummary]] = []
+    with _open(args, settings) as store, ExitStack() as stack:
+        plan: dict[str, list[str]] = defaultdict(list)
+        for session_id in store.session_ids():
+            owner = shard_for(session_id, shards)
+            if owner != settings.shard:
+                plan[owner].append(session_id)
+        missing = sorted(set(plan) - set(targets))
+        if missing:
+            raise Refused(
+                f"sessions here go to {', '.join(missing)}: pass --shard-config NAME=PATH for each; "
+                "nothing was moved"
+            )
+        for owner, session_ids in sorted(plan.items()):
+            other: CitadelSessionStore = stack.enter_context(_open(args, targets[owner]))
+            moved += [(owner, summary) for summary in store.move_sessions(session_ids, other)]
+    moved_at = datetime.now(timezone.utc)
+    for owner, summary in moved:
+        if args.json:
+            render.print_json({"shard": owner, **render.move_dict(summary, moved_at)})
+        else:
+            confirmed = "no" if summary.erasure is None else summary.erasure.readback_confirmed
+            print(
+                f"moved {summary.session_id!r} to shard {owner}: {render.count(summary.items, 'item')} "
+                f"compared, erased here (readback confirmed: {confirmed})"
+            )
+    if not args.json:
+        print(f"moved {render.count(len(moved), 'session')} from shard {settings.shard}")
+    return 0
+
+
+def _check_nothing_left(
+    args: argparse.Namespace, settings: CitadelSettings, shards: tuple[str, ...], previous: tuple[str, ...]
+) -> None:
+    """Refuse to finish while any shard still holds a session the new ring places elsewhere."""
+    configs = {settings.shard or "": settings, **_shard_configs(args)}
+    unknown = sorted(set(previous) - set(configs))
+    if unknown:
+        raise Refused(
+            f"`ring --finish` checks that no shard still holds a session that moves: pass "
+            f"--shard-config NAME=PATH for {', '.join(unknown)}; the ring file was not changed"
+        )
+    for name in sorted(set(previous)):
+        with _open(args, configs[name]) as store:
+            left = [sid for sid in store.session_ids() if shard_for(sid, shards) != name]
+        if left:
+            raise Refused(
+                f"shard {name} still holds {render.count(len(left), 'session')} that move "
+                f"(e.g. {left[0]!r}): run `rebalance` there first; the ring file was not changed"
+            )
+
+
+def _shard_configs(args: argparse.Namespace) -> dict[str, CitadelSettings]:
+    configs: dict[str, CitadelSettings] = {}
+    for given in args.shard_config or []:
+        name, sep, path = given.partition("=")
+        if not sep or not name or not path:
+            raise Refused(f"--shard-config takes NAME=PATH (a shard's name and its TOML file), not {given!r}")
+        with _warnings_printed():
+            configs[name] = load_settings(path)
+        if configs[name].shard != name:
+            raise Refused(
+                f"--shard-config {given}: that configuration is shard {configs[name].shard!r}, not {name!r}"
+            )
+    return configs
+
+
+def _ring_file(settings: CitadelSettings) -> str:
+    if settings.ring_file is None:
+        raise Refused(
+            "the configuration has no ring_file: a ring changes live only when every shard reads its "
+            "shards from one (docs/deployment.md, 'Changing the ring')"
+        )
+    return str(settings.ring_file)
+
+
+def _names(shards: tuple[str, ...] | list[str]) -> str:
+    return ", ".join(shards)

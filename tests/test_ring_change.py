@@ -1,0 +1,171 @@
+"""Changing a fleet's ring while it runs: the ring file, the fence, `rebalance` and `ring --finish`.
+
+Shards read their ``shards`` from one ring file. ``ring --begin`` records the new ring with the
+old one as ``previous``: a session the two place on different shards is refused on every shard
+(`ShardMovingError`, naming where it goes) but to the move; ``rebalance`` copies, compares and
+erases each at its old shard; ``ring --finish`` checks that no old shard still holds one. These
+tests drive the commands as an operator does, on files that no server holds; tests/test_fleet.py
+adds a shard to a fleet under load behind nginx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from citadeldb_openai_agents import (
+    CitadelSessionStore,
+    ConfigurationError,
+    ShardMovingError,
+    WrongShardError,
+    from_config,
+    shard_for,
+)
+
+KEY = "a passphrase for the ring"
+OLD, NEW = ["a", "b", "c"], ["a", "b", "c", "d"]
+IDS = [f"user-{n}" for n in range(40)]
+
+
+def configure(tmp_path: Path, name: str) -> Path:
+    config = tmp_path / f"{name}.toml"
+    config.write_text(
+        f'path = "{tmp_path / name}.cdl"\nshard = "{name}"\nring_file = "{tmp_path / "ring.toml"}"\n'
+        'argon2_profile = "iot"\n'
+    )
+    return config
+
+
+def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": os.environ["PATH"], "CITADEL_KEY": KEY}
+    return subprocess.run(
+        [sys.executable, "-m", "citadeldb_openai_agents", *map(str, args)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def items(n: int, session_id: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"{session_id} says {i}"} for i in range(n)]
+
+
+async def held(config: Path) -> dict[str, int]:
+    """Every session the shard's file holds, with its item count (read past the guard's ring)."""
+    with CitadelSessionStore(Path(str(config).removesuffix(".toml") + ".cdl"), KEY, create=False) as store:
+        return {summary.session_id: summary.items for summary in store.sessions()}
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    """Shards a, b and c, each holding the sessions the old ring gives it (i+1 items each), and d, empty."""
+    monkeypatch.setenv("CITADEL_KEY", KEY)
+    (tmp_path / "ring.toml").write_text('shards = ["a", "b", "c"]\n')
+    configs = {name: configure(tmp_path, name) for name in OLD}
+
+    async def fill() -> None:
+        for name, config in configs.items():
+            with from_config(config) as store:
+                for i, session_id in enumerate(IDS):
+                    if shard_for(session_id, OLD) == name:
+                        await store.session(session_id).add_items(items(i + 1, session_id))
+
+    asyncio.run(fill())
+    configs["d"] = configure(tmp_path, "d")
+    return configs
+
+
+def test_a_new_shard_gets_exactly_its_sessions_each_whole_and_each_in_one_file(fleet: dict[str, Path]) -> None:
+    moving = [sid for sid in IDS if shard_for(sid, NEW) != shard_for(sid, OLD)]
+    staying = [sid for sid in IDS if sid not in moving]
+    assert moving and all(shard_for(sid, NEW) == "d" for sid in moving)
+    # d is not in the ring yet: its configuration is refused, and `ring --finish` has nothing to end.
+    assert "shard 'd' is not in the ring file" in cli("init", "--config", fleet["d"]).stderr
+    assert cli("ring", "--finish", "--config", fleet["a"]).returncode == 1
+
+    begun = cli("ring", "--begin", ",".join(NEW), "--config", fleet["a"])
+    assert begun.returncode == 0, begun.stderr
+    assert "from a, b, c to a, b, c, d" in begun.stdout
+    assert cli("init", "--config", fleet["d"]).returncode == 0
+
+    async def during_the_change() -> None:
+        for name in NEW:
+            with from_config(fleet[name]) as store:
+                for sid in moving:  # refused on every shard, the old and the new, naming both
+                    with pytest.raises(ShardMovingError, match=f"moving from shard '{shard_for(sid, OLD)}' to 'd'"):
+                        store.session(sid)
+                for sid in staying:
+                    if shard_for(sid, OLD) == name:  # the others' sessions are untouched
+                        await store.session(sid).add_items([{"role": "user", "content": "still here"}])
+
+    asyncio.run(during_the_change())
+    # Finishing now would leave the moving sessions where the new ring no longer looks: refused.
+    shards = [arg for name in OLD for arg in ("--shard-config", f"{name}={fleet[name]}")]
+    early = cli("ring", "--finish", "--config", fleet["a"], *shards)
+    assert early.returncode == 1 and "still holds" in early.stderr and "run `rebalance` there first" in early.stderr
+    assert "previous" in (fleet["a"].parent / "ring.toml").read_text()
+
+    for name in OLD:
+        done = cli("rebalance", "--config", fleet[name], "--shard-config", f"d={fleet['d']}")
+        assert done.returncode == 0, done.stderr
+        expected = sum(shard_for(sid, OLD) == name for sid in moving)
+        assert done.stdout.splitlines()[-1] == f"moved {expected} session{'s' * (expected != 1)} from shard {name}"
+    finished = cli("ring", "--finish", "--config", fleet["a"], *shards)
+    assert finished.returncode == 0, finished.stderr
+    assert finished.stdout.strip().endswith("shards a, b, c, d")
+
+    # Each session in exactly one file, the one the new ring names, with every item it had.
+    homes = {name: asyncio.run(held(fleet[name])) for name in NEW}
+    for i, sid in enumerate(IDS):
+        where = [name for name in NEW if sid in homes[name]]
+        assert where == [shard_for(sid, NEW)], (sid, where)
+        assert homes[where[0]][sid] == i + 1 + (sid in staying)
+
+    async def after() -> None:
+        with from_config(fleet["a"]) as a, from_config(fleet["d"]) as d:
+            sid = moving[0]
+            with pytest.raises(WrongShardError, match="belongs to shard 'd'") as refused:
+                a.session(sid)
+            assert not isinstance(refused.value, ShardMovingError)
+            assert await d.session(sid).get_items() == items(IDS.index(sid) + 1, sid)
+
+    asyncio.run(after())
+
+
+def test_rebalance_without_a_change_under_way_or_without_a_target_moves_nothing(fleet: dict[str, Path]) -> None:
+    outside = cli("rebalance", "--config", fleet["a"], "--shard-config", f"d={fleet['d']}")
+    assert outside.returncode == 1 and "no ring change is under way" in outside.stderr
+    assert cli("ring", "--begin", ",".join(NEW), "--config", fleet["b"]).returncode == 0
+    again = cli("ring", "--begin", "a,b,c,d,e", "--config", fleet["b"])
+    assert again.returncode == 1 and "under way" in again.stderr
+    before = asyncio.run(held(fleet["a"]))
+    missing = cli("rebalance", "--config", fleet["a"])
+    assert missing.returncode == 1 and "sessions here go to d: pass --shard-config" in missing.stderr
+    assert asyncio.run(held(fleet["a"])) == before
+    shown = cli("ring", "--config", fleet["c"])
+    assert "shards:   a, b, c, d" in shown.stdout and "from a, b, c (sessions moving)" in shown.stdout
+
+
+async def test_a_ring_file_that_cannot_be_used_refuses_every_session_until_it_is_mended(
+    fleet: dict[str, Path],
+) -> None:
+    ring = fleet["a"].parent / "ring.toml"
+    with from_config(fleet["a"]) as store:
+        ours = next(sid for sid in IDS if shard_for(sid, OLD) == "a")
+        session = store.session(ours)
+        for broken in ['shards = "a"\n', "shards = [\n", 'shards = ["a"]\nowner = "me"\n']:
+            ring.write_text(broken)
+            os.utime(ring, ns=(0, len(broken)))  # a rewrite within the clock's tick is still seen
+            with pytest.raises(ConfigurationError, match="the ring file .* is not usable"):
+                await session.get_items()
+        ring.unlink()
+        with pytest.raises(ConfigurationError, match="cannot be read"):
+            await session.add_items([{"role": "user", "content": "lost?"}])
+        ring.write_text('shards = ["a", "b", "c"]\n')
+        assert len(await session.get_items()) == IDS.index(ours) + 1  # nothing was written meanwhile
