@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import itertools
 import json
 import os
 import random
@@ -21,8 +22,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -36,6 +40,31 @@ SESSIONS = [f"user-{n}" for n in range(24)]
 pytestmark = pytest.mark.skipif(
     shutil.which("nginx") is None, reason="nginx is not installed (.ci/run installs it)"
 )
+
+
+@contextmanager
+def running_fleet(tmp_path: Path, port: int) -> Iterator[None]:
+    """examples/fleet/run.py's fleet of SHARDS on `port`, until SIGTERM (its group SIGKILLed if it hangs)."""
+    command = [sys.executable, str(ROOT / "examples" / "fleet" / "run.py"), "--shards", ",".join(SHARDS)]
+    command += ["--port", str(port), "--dir", str(tmp_path), "--argon2-profile", "iot"]
+    fleet = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert fleet.stdout is not None
+        assert fleet.stdout.readline().strip() == "ready", (tmp_path / "nginx.log").read_text()
+        yield
+    finally:
+        fleet.send_signal(signal.SIGTERM)
+        try:
+            fleet.wait(timeout=30)
+        finally:
+            if fleet.poll() is None:
+                os.killpg(fleet.pid, signal.SIGKILL)
 
 
 def free_ports(count: int) -> int:
@@ -88,22 +117,28 @@ def session_ids_in(path: Path, key: str) -> dict[str, int]:
     return asyncio.run(read())
 
 
+def questions_in(path: Path, key: str) -> dict[str, list[str]]:
+    """Each session's user messages, in order, as the file holds them; every reply checked to follow one."""
+
+    async def read() -> dict[str, list[str]]:
+        found = {}
+        with CitadelSessionStore(path, key, argon2_profile="iot") as store:
+            for session_id in store.session_ids():
+                items = await store.session(session_id).get_items()
+                assert [item["role"] for item in items] == ["user", "assistant"] * (len(items) // 2), (
+                    session_id
+                )
+                found[session_id] = [str(item["content"]) for item in items[::2]]
+        return found
+
+    return asyncio.run(read())
+
+
 def test_three_shards_behind_nginx_keep_each_session_on_its_shard_and_a_dead_shard_fails_only_its_own(
     tmp_path: Path,
 ) -> None:
     port = free_ports(len(SHARDS) + 1)
-    command = [sys.executable, str(ROOT / "examples" / "fleet" / "run.py"), "--shards", ",".join(SHARDS)]
-    command += ["--port", str(port), "--dir", str(tmp_path), "--argon2-profile", "iot"]
-    fleet = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        assert fleet.stdout is not None
-        assert fleet.stdout.readline().strip() == "ready", (tmp_path / "nginx.log").read_text()
+    with running_fleet(tmp_path, port):
         home = {session_id: shard_for(session_id, SHARDS) for session_id in SESSIONS}
         assert set(home.values()) == set(SHARDS)
         for number in (1, 2):
@@ -123,15 +158,77 @@ def test_three_shards_behind_nginx_keep_each_session_on_its_shard_and_a_dead_sha
                 assert status >= 500, (session_id, status, body)  # never a 200 from another file
             else:
                 assert (status, body.get("items")) == (200, 6), (session_id, status, body)
-    finally:
-        fleet.send_signal(signal.SIGTERM)
-        try:
-            fleet.wait(timeout=30)
-        finally:
-            if fleet.poll() is None:
-                os.killpg(fleet.pid, signal.SIGKILL)
     for shard in SHARDS:
         key = (tmp_path / shard / "citadel.key").read_text().strip()
         held = session_ids_in(tmp_path / shard / "agent.cdl", key)
         mine = {s: 4 if shard == "b" else 6 for s in SESSIONS if home[s] == shard}
         assert held == mine, shard
+
+
+def test_a_shard_added_under_load_takes_its_sessions_whole_and_only_they_are_refused_while_they_move(
+    tmp_path: Path,
+) -> None:
+    port = free_ports(len(SHARDS) + 2)
+    new = [*SHARDS, "d"]
+    moving = {s for s in SESSIONS if shard_for(s, new) != shard_for(s, SHARDS)}
+    assert moving and all(shard_for(s, new) == "d" for s in moving)
+    results: list[tuple[str, str, int, float]] = []  # session, text, status, when it was answered
+    stop = threading.Event()
+
+    def client(mine: list[str]) -> None:
+        for number in itertools.count():
+            for session_id in mine:
+                if stop.is_set():
+                    return
+                status, _ = turn(port, session_id, f"{session_id} turn {number}")
+                results.append((session_id, f"{session_id} turn {number}", status, time.monotonic()))
+
+    with running_fleet(tmp_path, port):
+        clients = [threading.Thread(target=client, args=(SESSIONS[n::4],)) for n in range(4)]
+        for thread in clients:
+            thread.start()
+        time.sleep(2)
+        begun = time.monotonic()
+        add = [
+            sys.executable,
+            str(ROOT / "examples" / "fleet" / "run.py"),
+            "--dir",
+            str(tmp_path),
+            "--add",
+            "d",
+        ]
+        added = subprocess.run(add, capture_output=True, text=True, timeout=240)
+        finished = time.monotonic()
+        time.sleep(2)
+        stop.set()
+        for thread in clients:
+            thread.join(timeout=120)
+    assert added.returncode == 0, added.stderr
+    print(
+        f"\nadd under load: {added.stdout.strip()} in {finished - begun:.1f} s; "
+        f"{sum(r[2] == 200 for r in results)} turns answered 200, "
+        f"{sum(r[2] != 200 for r in results)} refused (each a turn of one of the {len(moving)} moving sessions)"
+    )
+    moved_before = {s for s, _, status, when in results if status == 200 and when < begun and s in moving}
+    count = int(added.stdout.split("moved ")[1].split()[0])
+    assert added.stdout.strip() == f"added d: moved {count} sessions"
+    assert len(moved_before) <= count <= len(moving)
+    # Refused: only the moving sessions, only while --add ran, and only as "moving, retry" (503).
+    refusals = [(s, status, when) for s, _, status, when in results if status != 200]
+    assert refusals, "no turn met the change: the load did not overlap it"
+    assert all(s in moving and status == 503 and begun <= when <= finished for s, status, when in refusals), (
+        refusals
+    )
+    assert all(any(s == r and st == 200 and w > finished for r, _, st, w in results) for s in moving), (
+        "a moved session was not served after the change"
+    )
+    # Every session in one file, the one the new ring names; every acknowledged turn in it once, in order.
+    held: dict[str, dict[str, list[str]]] = {}
+    for shard in new:
+        key = (tmp_path / shard / "citadel.key").read_text().strip()
+        held[shard] = questions_in(tmp_path / shard / "agent.cdl", key)
+    for session_id in SESSIONS:
+        homes = [shard for shard in new if session_id in held[shard]]
+        assert homes == [shard_for(session_id, new)], (session_id, homes)
+        acknowledged = [text for s, text, status, _ in results if s == session_id and status == 200]
+        assert held[homes[0]][session_id] == acknowledged, session_id

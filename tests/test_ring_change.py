@@ -81,7 +81,9 @@ def fleet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
     return configs
 
 
-def test_a_new_shard_gets_exactly_its_sessions_each_whole_and_each_in_one_file(fleet: dict[str, Path]) -> None:
+def test_a_new_shard_gets_exactly_its_sessions_each_whole_and_each_in_one_file(
+    fleet: dict[str, Path],
+) -> None:
     moving = [sid for sid in IDS if shard_for(sid, NEW) != shard_for(sid, OLD)]
     staying = [sid for sid in IDS if sid not in moving]
     assert moving and all(shard_for(sid, NEW) == "d" for sid in moving)
@@ -98,7 +100,9 @@ def test_a_new_shard_gets_exactly_its_sessions_each_whole_and_each_in_one_file(f
         for name in NEW:
             with from_config(fleet[name]) as store:
                 for sid in moving:  # refused on every shard, the old and the new, naming both
-                    with pytest.raises(ShardMovingError, match=f"moving from shard '{shard_for(sid, OLD)}' to 'd'"):
+                    with pytest.raises(
+                        ShardMovingError, match=f"moving from shard '{shard_for(sid, OLD)}' to 'd'"
+                    ):
                         store.session(sid)
                 for sid in staying:
                     if shard_for(sid, OLD) == name:  # the others' sessions are untouched
@@ -108,14 +112,21 @@ def test_a_new_shard_gets_exactly_its_sessions_each_whole_and_each_in_one_file(f
     # Finishing now would leave the moving sessions where the new ring no longer looks: refused.
     shards = [arg for name in OLD for arg in ("--shard-config", f"{name}={fleet[name]}")]
     early = cli("ring", "--finish", "--config", fleet["a"], *shards)
-    assert early.returncode == 1 and "still holds" in early.stderr and "run `rebalance` there first" in early.stderr
+    assert (
+        early.returncode == 1
+        and "still holds" in early.stderr
+        and "run `rebalance` there first" in early.stderr
+    )
     assert "previous" in (fleet["a"].parent / "ring.toml").read_text()
 
     for name in OLD:
         done = cli("rebalance", "--config", fleet[name], "--shard-config", f"d={fleet['d']}")
         assert done.returncode == 0, done.stderr
         expected = sum(shard_for(sid, OLD) == name for sid in moving)
-        assert done.stdout.splitlines()[-1] == f"moved {expected} session{'s' * (expected != 1)} from shard {name}"
+        assert (
+            done.stdout.splitlines()[-1]
+            == f"moved {expected} session{'s' * (expected != 1)} from shard {name}"
+        )
     finished = cli("ring", "--finish", "--config", fleet["a"], *shards)
     assert finished.returncode == 0, finished.stderr
     assert finished.stdout.strip().endswith("shards a, b, c, d")
@@ -138,7 +149,9 @@ def test_a_new_shard_gets_exactly_its_sessions_each_whole_and_each_in_one_file(f
     asyncio.run(after())
 
 
-def test_rebalance_without_a_change_under_way_or_without_a_target_moves_nothing(fleet: dict[str, Path]) -> None:
+def test_rebalance_without_a_change_under_way_or_without_a_target_moves_nothing(
+    fleet: dict[str, Path],
+) -> None:
     outside = cli("rebalance", "--config", fleet["a"], "--shard-config", f"d={fleet['d']}")
     assert outside.returncode == 1 and "no ring change is under way" in outside.stderr
     assert cli("ring", "--begin", ",".join(NEW), "--config", fleet["b"]).returncode == 0
@@ -162,7 +175,7 @@ async def test_a_ring_file_that_cannot_be_used_refuses_every_session_until_it_is
         for broken in ['shards = "a"\n', "shards = [\n", 'shards = ["a"]\nowner = "me"\n']:
             ring.write_text(broken)
             os.utime(ring, ns=(0, len(broken)))  # a rewrite within the clock's tick is still seen
-            with pytest.raises(ConfigurationError, match="the ring file .* is not usable"):
+            with pytest.raises(ConfigurationError, match=r"the ring file .* is not usable"):
                 await session.get_items()
         ring.unlink()
         with pytest.raises(ConfigurationError, match="cannot be read"):

@@ -6,7 +6,9 @@
 store comes from `from_config()`: its citadel.toml names the fleet's ``shards`` and this
 process's ``shard``. A session of another shard is refused before anything is read
 (`WrongShardError`) and answered 421 with an ``X-Shard-Owner`` header naming its shard:
-the router in front (nginx.conf.template) sends the request there. ``GET /health``
+the router in front (nginx.conf.template) sends the request there. A session moving to
+another shard during a ring change (`ShardMovingError`) is answered 503 with
+``Retry-After: 1``; nothing of that turn is stored. ``GET /health``
 answers ``{"shard": name}``. No web framework.
 """
 
@@ -19,7 +21,7 @@ from typing import Any
 from agents import Agent, Runner, set_tracing_disabled
 from agents.testing import ScriptedModel, assistant_message
 
-from citadeldb_openai_agents import CitadelSettings, WrongShardError, from_config
+from citadeldb_openai_agents import CitadelSettings, ShardMovingError, WrongShardError, from_config
 
 set_tracing_disabled(True)
 settings = CitadelSettings()
@@ -50,16 +52,21 @@ async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
         return
     try:
         session = store.session(session_id)
+        history = await session.get_items()
+        # The model knows only its input: the reply says how many items the stored history fed it.
+        reply = f"{text!r} noted, after {len(history)} stored items"
+        agent = Agent(name="assistant", model=ScriptedModel([[assistant_message(reply)]]))
+        await Runner.run(agent, text, session=session)
+    except ShardMovingError as exc:  # before WrongShardError, its base class
+        await _respond(send, 503, {"error": str(exc), "owner": exc.owner}, [(b"retry-after", b"1")])
+        return
     except WrongShardError as exc:
         owner = [(b"x-shard-owner", exc.owner.encode())]
         await _respond(send, 421, {"error": str(exc), "owner": exc.owner}, owner)
         return
-    history = await session.get_items()
-    # The model knows only its input: the reply says how many items the stored history fed it.
-    reply = f"{text!r} noted, after {len(history)} stored items"
-    agent = Agent(name="assistant", model=ScriptedModel([[assistant_message(reply)]]))
-    await Runner.run(agent, text, session=session)
-    await _respond(send, 200, {"reply": reply, "items": len(await session.get_items())})
+    # The turn is stored (its question and the reply): counted, not read again, since a ring
+    # change begun meanwhile would refuse the read, and the stored turn would look failed.
+    await _respond(send, 200, {"reply": reply, "items": len(history) + 2})
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:
