@@ -26,6 +26,7 @@ from citadeldb_openai_agents import (
     from_config,
     shard_for,
 )
+from citadeldb_openai_agents.shards import RingFile
 
 KEY = "a passphrase for the ring"
 OLD, NEW = ["a", "b", "c"], ["a", "b", "c", "d"]
@@ -182,3 +183,31 @@ async def test_a_ring_file_that_cannot_be_used_refuses_every_session_until_it_is
             await session.add_items([{"role": "user", "content": "lost?"}])
         ring.write_text('shards = ["a", "b", "c"]\n')
         assert len(await session.get_items()) == IDS.index(ours) + 1  # nothing was written meanwhile
+
+
+def test_a_shard_removed_hands_each_of_its_sessions_to_the_shard_the_smaller_ring_names(
+    fleet: dict[str, Path],
+) -> None:
+    smaller = ["a", "b"]
+    leaving = [sid for sid in IDS if shard_for(sid, OLD) == "c"]
+    assert cli("ring", "--begin", ",".join(smaller), "--config", fleet["c"]).returncode == 0
+    targets = [arg for name in smaller for arg in ("--shard-config", f"{name}={fleet[name]}")]
+    done = cli("rebalance", "--config", fleet["c"], *targets)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == f"moved {len(leaving)} sessions from shard c"
+    running_at_c = RingFile(fleet["c"].parent / "ring.toml", "c")  # the ring a process of c started with
+    finished = cli(
+        "ring", "--finish", "--config", fleet["a"], *targets[2:], "--shard-config", f"c={fleet['c']}"
+    )
+    assert finished.returncode == 0, finished.stderr
+    homes = {name: asyncio.run(held(fleet[name])) for name in OLD}
+    assert homes["c"] == {}
+    for i, sid in enumerate(IDS):
+        assert [name for name in OLD if sid in homes[name]] == [shard_for(sid, smaller)], sid
+        assert homes[shard_for(sid, smaller)][sid] == i + 1
+
+    # A process of c still running sends every session on; a new one is refused its start.
+    with pytest.raises(WrongShardError, match=f"belongs to shard '{shard_for(leaving[0], smaller)}'"):
+        running_at_c.check(leaving[0])
+    with pytest.raises(ConfigurationError, match="shard 'c' is not in the ring file"):
+        from_config(fleet["c"])
