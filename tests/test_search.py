@@ -73,6 +73,26 @@ async def test_a_reply_is_embedded_with_its_question_but_keyword_indexed_alone(m
     assert [atom.text for atom in atoms] == [question, answer]  # what the keyword index holds
 
 
+async def test_a_json_tool_output_is_embedded_as_readable_pairs_and_returned_verbatim(make_store) -> None:
+    embedder = StubEmbedder()
+    store = make_store(embedder=embedder)
+    output = '{"booking_ref": "FNW-55302", "slots": [{"bay": "B1", "loan_car": false}], "price": 234}'
+    call = {"type": "function_call", "call_id": "c1", "name": "book", "arguments": "{}", "id": "fc_1"}
+    result = {"type": "function_call_output", "call_id": "c1", "output": output}
+    not_json = {"type": "function_call_output", "call_id": "c2", "output": "{not json: the text as it is"}
+    deep = {"type": "function_call_output", "call_id": "c3", "output": "[" * 5000 + "]" * 5000}
+    await store.session("s").add_items([QUESTION, call, result, not_json, deep])
+    question = QUESTION["content"]
+    embedded = [text for text in embedder.embedded if text.startswith(question)][1:]
+    assert embedded == [
+        f"{question}\nbook {{}}",
+        f"{question}\nbooking ref: FNW-55302; bay: B1; loan car: false; price: 234",
+        f"{question}\n{{not json: the text as it is",
+        f"{question}\n{deep['output']}",  # deeper than json reads: as it is
+    ]
+    assert await store.session("s").get_items() == [QUESTION, call, result, not_json, deep]
+
+
 async def test_a_popped_question_is_not_used_for_the_next_reply(make_store) -> None:
     embedder = StubEmbedder()
     session = make_store(embedder=embedder).session("s")

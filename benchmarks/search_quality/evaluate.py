@@ -84,7 +84,7 @@ from citadeldb_openai_agents import CitadelSessionStore
 # the same text, quantise vectors and split words exactly as the package does (the parity check),
 # and the recall variants lay sessions out as the package did until issue 17.
 from citadeldb_openai_agents.options import DEFAULT_CACHE_PAGES
-from citadeldb_openai_agents.storage.codec import ITEM_KIND, search_text
+from citadeldb_openai_agents.storage.codec import ITEM_KIND, readable, search_text
 from citadeldb_openai_agents.storage.search_blocks import derive, word_hashes
 from citadeldb_openai_agents.storage.segments import SEGMENT_CAPACITY
 
@@ -570,7 +570,7 @@ def question_and_own_text(items: list[dict[str, Any]], index: int) -> str:
     if is_user(items[index]):
         return search_text(items[index])
     question = next((search_text(i) for i in reversed(items[:index]) if is_user(i)), None)
-    own = search_text(items[index])
+    own = readable(search_text(items[index]))  # a JSON output as key: value pairs, as the package embeds it
     return own if question is None else question + "\n" + own
 
 

@@ -56,7 +56,10 @@ class SentenceTransformerEmbedder:
             getattr(self._model, "get_embedding_dimension", None)
             or self._model.get_sentence_embedding_dimension
         )
-        self.dim = int(dimension())
+        width = dimension()
+        if width is None:  # a model whose modules do not say their output's width
+            raise ValueError(f"{name}: the model does not report its embedding dimension")
+        self.dim = int(width)
         self.model_id = f"sentence-transformers:{name}@{_weights_digest(directory)}"
         self.device = device
 

@@ -162,8 +162,41 @@ def _part_text(part: Any) -> str:
 
 
 def in_context(question: str, text: str, from_user: bool) -> str:
-    """What an item's vector is computed from: a reply's text after the question it answers."""
-    return f"{question}\n{text}" if question and not from_user else text
+    """What an item's vector is computed from: a reply's text (a JSON tool output as
+    `readable` text) after the question it answers."""
+    if from_user:
+        return text
+    own = readable(text)
+    return f"{question}\n{own}" if question else own
+
+
+# Larger outputs are embedded as they are: the model reads only its first few hundred tokens.
+_READABLE_LIMIT = 65_536
+
+
+def readable(text: str) -> str:
+    """A JSON object or array as ``key: value`` pairs (``_`` in keys read as spaces); any other
+    text unchanged. A language model embeds `booking ref: FNW-5530` nearer to "garage booking
+    reference" than `{"booking_ref": "FNW-5530"}` (benchmarks/search_quality: the development
+    set's tool outputs)."""
+    if len(text) > _READABLE_LIMIT or text[:1] not in ("{", "["):
+        return text
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return text
+    pairs: list[str] = []
+    pending: list[tuple[str, Any]] = [("", value)]  # a stack, not recursion: any depth json accepts
+    while pending:
+        key, value = pending.pop()
+        if isinstance(value, dict):
+            pending.extend((str(name).replace("_", " "), inner) for name, inner in reversed(value.items()))
+        elif isinstance(value, list):
+            pending.extend((key, inner) for inner in reversed(value))
+        else:
+            shown = value if isinstance(value, str) else json.dumps(value)
+            pairs.append(f"{key}: {shown}" if key else shown)
+    return "; ".join(pairs) or text
 
 
 def in_contexts(question: str, texts: list[str], from_user: list[bool]) -> tuple[list[str], str]:
