@@ -93,6 +93,19 @@ async def test_a_json_tool_output_is_embedded_as_readable_pairs_and_returned_ver
     assert await store.session("s").get_items() == [QUESTION, call, result, not_json, deep]
 
 
+async def test_a_users_statement_is_not_ranked_down_as_their_questions_are(make_store) -> None:
+    # Wide hashed vectors: both messages are then exactly as near the query, and share its words.
+    store = make_store(embedder=citadeldb.MockEmbedder(dim=2048))
+    statement = {"role": "user", "content": "The locker code is 4471"}
+    question = {"role": "user", "content": "What is the locker code"}
+    session = store.session("s")
+    await session.add_items([statement])
+    await session.add_items([question])  # newer: it would win the tie
+    # The question's distance is weighed up (it resembles the query more than its answer
+    # would); the statement is the answer, and is not.
+    assert await session.search("locker code", limit=2) == [statement, question]
+
+
 async def test_a_popped_question_is_not_used_for_the_next_reply(make_store) -> None:
     embedder = StubEmbedder()
     session = make_store(embedder=embedder).session("s")

@@ -602,7 +602,8 @@ class Variant:
         then recency (the package before 2026-11-30); "distance" sorts them by vector
         distance (the package until issue 17, with users="penalised", penalty=1.3).
     users: "ranked", "dropped", "penalised" (relevance minus `penalty`, or distance
-        times `penalty`), "after-reply" (recall: a user item never precedes the reply
+        times `penalty`; in the exhaustive variants, only user messages that ask something,
+        as the package since 2026-12-03), "after-reply" (recall: a user item never precedes the reply
         indexed under it: the reply moves up to just before it).
     keyword_weight (exhaustive): the BM25 bonus of the best keyword match, subtracted
         from its distance (0: vector distance alone).
@@ -650,7 +651,7 @@ BASELINE = Variant()  # the package before 2026-11-30 (own text, Citadel's relev
 OLD_PACKAGE = Variant(merge="distance", users="penalised", penalty=1.3)
 # What the package does now (storage/search_index.py): the raw emulation must match it exactly.
 PACKAGE_TEXT = "question in vector only"
-PACKAGE = Variant(kind="exhaustive", users="penalised", penalty=1.3, keyword_weight=0.03)
+PACKAGE = Variant(kind="exhaustive", users="penalised", penalty=1.5, keyword_weight=0.03)
 
 
 def variant_grid(scope: str, quick: bool) -> list[tuple[str, Variant]]:
@@ -662,15 +663,15 @@ def variant_grid(scope: str, quick: bool) -> list[tuple[str, Variant]]:
     exhaustive += [
         (PACKAGE_TEXT, Variant(kind="exhaustive", users=users, penalty=penalty, keyword_weight=weight))
         for users, penalty, weight in (
-            ("penalised", 1.3, 0.0),
-            ("penalised", 1.3, 0.01),
-            ("penalised", 1.3, 0.02),
-            ("penalised", 1.3, 0.05),
-            ("penalised", 1.3, 0.1),
-            ("penalised", 1.3, 0.2),
+            ("penalised", 1.5, 0.0),
+            ("penalised", 1.5, 0.01),
+            ("penalised", 1.5, 0.02),
+            ("penalised", 1.5, 0.05),
+            ("penalised", 1.5, 0.1),
+            ("penalised", 1.5, 0.2),
             ("ranked", 1.0, 0.03),
             ("penalised", 1.2, 0.03),
-            ("penalised", 1.5, 0.03),
+            ("penalised", 1.3, 0.03),
             ("dropped", 1.0, 0.03),
         )
     ]
@@ -832,9 +833,10 @@ class ExhaustiveIndex:
             own, vector_text = text if isinstance(text, tuple) else (text, text)
             keyword.append(own)
             embedded.append(vector_text)
-        user = [is_user(item) for item in session.items]
         vectors = self.embedder.embed_with_cancel(embedded)
-        entries = derive(vectors, keyword, user, self.embedder.metric)
+        entries = derive(vectors, keyword, [is_user(item) for item in session.items], self.embedder.metric)
+        # The flag the package stores: a user message that asks something (search_blocks.asks).
+        user = [bool(flag) for flag in entries.user]
         rows = entries.vectors.astype(np.float64) * entries.scales.astype(np.float64)[:, None]
         ends = np.cumsum(entries.lengths)
         words = [Counter(int(h) for h in part) for part in np.split(entries.tokens, ends[:-1])]

@@ -49,7 +49,9 @@ class Entries:
     ids: IntArray
     vectors: npt.NDArray[np.int8]  # rows quantized to int8
     scales: npt.NDArray[np.float32]  # a row's value = int8 * scale
-    user: npt.NDArray[np.bool_]  # the item is a user message
+    # A user message that asks (`asks`): its distance is weighed up. Blocks written before
+    # 2026-12-03 flag every user message, until `reembed` rewrites them.
+    user: npt.NDArray[np.bool_]
     tokens: npt.NDArray[np.uint32]  # every row's word hashes, one row after the other
     lengths: npt.NDArray[np.int32]  # how many of `tokens` each row has
 
@@ -109,8 +111,24 @@ def word_hashes(text: str) -> list[int]:
     return [zlib.crc32(word.encode("utf-8", "replace")) for word in _WORD.findall(text.lower())]
 
 
+# A user message that asks something: a question mark, or a question's first word.
+_ASKING = re.compile(
+    r"\?|^\W*(what|why|how|when|where|who|which|whose|can|could|do|does|did|is|are|was|were|"
+    r"should|would|will|shall|may|might|any)\b",
+    re.IGNORECASE,
+)
+
+
+def asks(text: str) -> bool:
+    """Whether a user message asks something: such a message resembles a query more than the
+    reply that answers it does, so the ranking weighs its distance up. A statement of the user's
+    ("my budget is 9,000") is an answer like any other (benchmarks/search_quality/holdout.py)."""
+    return bool(_ASKING.search(text))
+
+
 def derive(vectors: list[list[float]], texts: list[str], from_user: list[bool], metric: str) -> Entries:
-    """Search data for items: their vectors (normalised first for cosine), words and user flags."""
+    """Search data for items: their vectors (normalised first for cosine), words, and whether
+    each is a user message that `asks` (stored as the entry's `user` flag)."""
     if not vectors:
         return empty_entries(0)
     matrix = np.asarray(vectors, dtype=np.float32).reshape(len(vectors), -1)
@@ -125,7 +143,7 @@ def derive(vectors: list[list[float]], texts: list[str], from_user: list[bool], 
         np.zeros(0, np.int64),
         quantized,
         scales,
-        np.asarray(from_user, dtype=np.bool_),
+        np.asarray([user and asks(text) for text, user in zip(texts, from_user, strict=True)], np.bool_),
         np.asarray([h for hashes in words for h in hashes], dtype=np.uint32),
         np.asarray([len(hashes) for hashes in words], dtype=np.int32),
     )

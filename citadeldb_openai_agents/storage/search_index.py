@@ -7,9 +7,10 @@ items it returns. Every write to a segment updates its index in the same step
 Indexes are dropped, least recently used first, past the file's cache budget
 (segment_cache.py), and rebuilt from the blocks when next needed.
 
-Ranking (benchmarks/search_quality): by vector distance, a user message's
-distance weighed up by `USER_DISTANCE_FACTOR` (a question resembles a query more
-than its answer does), minus a small keyword bonus: BM25 over the session's
+Ranking (benchmarks/search_quality): by vector distance, the distance of a user
+message that asks something weighed up by `USER_DISTANCE_FACTOR` (a question
+resembles a query more than its answer does; a user's statement is not weighed),
+minus a small keyword bonus: BM25 over the session's
 items, scaled to the best match, times `KEYWORD_WEIGHT`. Ties go to the newer item.
 """
 
@@ -24,7 +25,9 @@ import numpy.typing as npt
 
 from .search_blocks import Entries, IntArray
 
-USER_DISTANCE_FACTOR = 1.3
+# Chosen on the tuning parts of benchmarks/search_quality (dataset.json and development.json,
+# pooled), for user messages that ask something (search_blocks.asks); docs/search.md.
+USER_DISTANCE_FACTOR = 1.5
 # The labelled set's recall@1 and recall@5 are flat for weights 0.01 to 0.04 with
 # all-MiniLM-L6-v2, and better than without it (docs/search.md); 0.2 hurts it.
 KEYWORD_WEIGHT = 0.03
