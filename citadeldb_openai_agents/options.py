@@ -42,6 +42,15 @@ def check_ttl(seconds: Any) -> float | None:
     return float(seconds)
 
 
+def check_max_items(count: Any) -> int | None:
+    """A session's item cap as the store takes it: a positive whole number, or None (no cap)."""
+    if count is None:
+        return None
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"max_items must be a positive whole number or None (no cap), not {count!r}")
+    return count
+
+
 # The settings every process on one file must share; a store may adopt the owner's (`check_adopt`).
 FIXED_PER_FILE = ("ttl", "embedder", "sync_mode", "erasure_ledger")
 

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import CitadelSessionError, ForkedStoreError, SessionClosedError
+from .options import check_max_items
 from .results import HistoryHit
 from .store import CitadelSessionStore
 
@@ -41,6 +42,9 @@ class CitadelSession:
     that the run's user or tenant may use this session, and raise to refuse it (the
     exception reaches `Runner.run`; nothing is read or written). Called without a
     context (directly, or by an SDK that passes none), the hook is not called.
+
+    ``max_items`` caps the session: each `add_items` erases the oldest items beyond it
+    (keys destroyed, as `pop_item` erases); None takes the store's cap (no cap by default).
     """
 
     def __init__(
@@ -54,8 +58,10 @@ class CitadelSession:
         embedder: Any | None = None,
         ttl: float | None = None,
         on_run_context: RunContextHook | None = None,
+        max_items: int | None = None,
     ) -> None:
         try:
+            self._max_items = check_max_items(max_items)
             if not isinstance(session_id, str):
                 raise TypeError(f"session_id must be a str, not {type(session_id).__name__}")
             if store is not None:
@@ -141,8 +147,13 @@ class CitadelSession:
             return
         batch = list(items)
         await _complete_despite_cancellation(
-            asyncio.to_thread(self._store._add_items, self.session_id, batch)
+            asyncio.to_thread(self._store._add_items, self.session_id, batch, self.max_items)
         )
+
+    @property
+    def max_items(self) -> int | None:
+        """The most items this session keeps: its own cap, else its store's; None: no cap."""
+        return self._max_items if self._max_items is not None else self._store.max_items
 
     async def pop_item(self, *, wrapper: RunContextWrapper[Any] | None = None) -> TResponseInputItem | None:
         """Remove the newest item, erasing its key, and return it (None when empty)."""

@@ -12,11 +12,12 @@ import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from . import options as checks
 from .compaction import compaction_snapshot, replace_all
 from .embedders.protocol import EmbedderIdentity
 from .embedders.providers import resolve_embedder
 from .errors import SessionClosedError, SessionNotFoundError
-from .options import DEFAULT_SYNC_MODE, Argon2Profile, SyncMode, check_adopt, check_passphrase, check_ttl
+from .options import DEFAULT_SYNC_MODE, Argon2Profile, SyncMode
 from .results import Erasure, HistoryHit, IntegrityReport, MoveSummary, Progress, SessionSummary
 from .serving.protocol import Terms
 from .serving.shared_file import SharedFile
@@ -73,6 +74,8 @@ class CitadelSessionStore:
             Or `ring_file` in place of `shards`: a file an operator rewrites to change the ring live.
         erasure_ledger: A file outside the database where the owner records every erasure
             before it starts (`LedgerError` if it cannot), so `restore_backup` erases it again.
+        max_items: The most items a session minted here keeps (or `session(max_items=...)`'s): each
+            `add_items` erases the oldest beyond it, as `pop_item` erases (keys destroyed). None: no cap.
 
     Stores on one file in one process share one open database (another passphrase is refused);
     every process on it needs the same passphrase, TTL, embedder, sync mode and ledger, or adopts them.
@@ -96,11 +99,13 @@ class CitadelSessionStore:
         shard: str | None = None,
         erasure_ledger: str | os.PathLike[str] | None = None,
         ring_file: str | os.PathLike[str] | None = None,
+        max_items: int | None = None,
     ) -> None:
         try:
-            check_passphrase(key)
-            checked_ttl = check_ttl(ttl)
-            adopted = check_adopt(adopt)
+            checks.check_passphrase(key)
+            checked_ttl = checks.check_ttl(ttl)
+            self.max_items = checks.check_max_items(max_items)
+            adopted = checks.check_adopt(adopt)
             ring = Ring.of(shards, shard) if ring_file is None else RingFile.of(ring_file, shards, shard)
             self.session_settings = session_settings
             resolved_embedder = resolve_embedder(embedder)
@@ -159,16 +164,18 @@ class CitadelSessionStore:
         *,
         session_settings: SessionSettings | None = None,
         on_run_context: RunContextHook | None = None,
+        max_items: int | None = None,
     ) -> CitadelSession:
-        """A session (created on its first write); `WrongShardError` for another shard's. `on_run_context`: `CitadelSession`."""
+        """A session (created on its first write); `WrongShardError` for another shard's.
+        `on_run_context`, `max_items` (in place of the store's): as `CitadelSession` takes them."""
         from .session import CitadelSession
 
         self._check_open()
         self._file.check_shard(session_id)
-        settings = session_settings if session_settings is not None else self.session_settings
-        return CitadelSession(
-            session_id, store=self, session_settings=settings, on_run_context=on_run_context
-        )
+        settings = self.session_settings if session_settings is None else session_settings
+        session = CitadelSession(session_id, store=self, session_settings=settings, max_items=max_items)
+        session.on_run_context = on_run_context
+        return session
 
     def session_ids(self) -> list[str]:
         """The ids of the sessions holding at least one live item, sorted."""
@@ -221,10 +228,7 @@ class CitadelSessionStore:
         counts = {session_id: self._file.summary(session_id) for session_id in ids}
         unknown = [session_id for session_id, found in counts.items() if found is None]
         if unknown:
-            raise SessionNotFoundError(
-                f"no session {', '.join(map(repr, unknown))} with live items in {self.path}; "
-                "nothing was erased. `python -m citadeldb_openai_agents sessions` lists them."
-            )
+            raise self._not_found(*unknown, done="nothing was erased.")
         if confirm is not None:
             confirm({session_id: found[0] for session_id, found in counts.items() if found is not None})
         return [(session_id, self.erase_session(session_id)) for session_id in ids]
@@ -284,16 +288,14 @@ class CitadelSessionStore:
     ) -> MoveSummary:
         """Move a session to `other` (another file): copy, compare item by item, then erase it here.
 
-        Safe to interrupt anywhere (transfer/moves.py): the session is left whole here, or whole
-        in both files with the erase still to do, never in neither; run it again to finish. The
-        copy resumes where it stopped; the erase, with its receipt, happens only if this file
-        still holds exactly the items compared. A session no longer here but in `other` is a
-        move finished earlier (its summary's `erasure` is None). `progress(copied, items)`.
+        Safe to interrupt and run again (transfer/moves.py): the session stays whole here, or in
+        both files with the erase still to do, never in neither; the copy resumes, and the erase
+        (with its receipt) happens only if this file still holds exactly the items compared. One
+        found only in `other` was moved earlier (`erasure` None). `progress(copied, items)`.
 
         Raises:
             SessionNotFoundError: neither file holds the session.
-            MoveConflictError: `other` holds other items under this id, or the session changed
-                during the move; nothing was erased.
+            MoveConflictError: `other` holds other items under this id, or the session changed; nothing erased.
             ValueError: `other` is a store on this very file.
         """
         return self.move_sessions([session_id], other, progress=progress)[0]
@@ -318,7 +320,7 @@ class CitadelSessionStore:
         del current_key, new_key  # see __init__: only `keys` holds them, and it is emptied
         try:
             self._check_open()
-            check_passphrase(keys[1])
+            checks.check_passphrase(keys[1])
             if keys[1] == keys[0]:
                 raise ValueError("the new passphrase is the current one; choose a different one.")
             self._file.rotate_key(*keys)
@@ -342,9 +344,10 @@ class CitadelSessionStore:
         self._check_open()
         return self._file.verify(progress)
 
-    def _not_found(self, session_id: str) -> SessionNotFoundError:
-        lister = "`python -m citadeldb_openai_agents sessions` lists them."
-        return SessionNotFoundError(f"no session {session_id!r} with live items in {self.path}; {lister}")
+    def _not_found(self, *session_ids: str, done: str = "") -> SessionNotFoundError:
+        lister = f"{done} `python -m citadeldb_openai_agents sessions` lists them.".lstrip()
+        named = ", ".join(map(repr, session_ids))
+        return SessionNotFoundError(f"no session {named} with live items in {self.path}; {lister}")
 
     def close(self) -> None:
         """Close the store; the file closes when the last store on it does. Idempotent.
@@ -392,19 +395,16 @@ class CitadelSessionStore:
     def _replace_all(self, session_id: str, items: list[Any]) -> bool:
         return replace_all(self._file, self._expires_at, session_id, items)
 
-    def _add_items(self, session_id: str, items: list[Any]) -> None:
-        self._file.append(session_id, encode_batch(items, self._expires_at()))
+    def _add_items(self, session_id: str, items: list[Any], max_items: int | None = None) -> None:
+        self._file.append(session_id, encode_batch(items, self._expires_at(), max_items))
 
     def _get_items(self, session_id: str, limit: int | None) -> list[Any]:
         if limit is None or limit < 0:
-            payloads = self._file.all_items(session_id)
-        else:
-            payloads = self._file.newest(session_id, limit)
-        return decode_items(payloads)
+            return decode_items(self._file.all_items(session_id))
+        return decode_items(self._file.newest(session_id, limit))
 
     def _pop_item(self, session_id: str) -> Any | None:
-        payload = self._file.pop(session_id)
-        return None if payload is None else decode_item(payload)
+        return None if (payload := self._file.pop(session_id)) is None else decode_item(payload)
 
     def _clear_session(self, session_id: str) -> None:
         self._file.clear(session_id)

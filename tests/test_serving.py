@@ -410,7 +410,13 @@ def test_an_authenticated_peer_that_sends_no_call_is_dropped_and_the_owner_goes_
 def test_a_batch_whose_lists_disagree_is_refused_and_writes_nothing(service: Service, db_path: Path) -> None:
     """A batch crosses as one record; its lists must be of one length (else items and their texts would pair wrong)."""
     assert service.ask("add alice one") == "added"
-    uneven = {"payloads": ['"a"', '"b"'], "texts": ["a"], "from_user": [True, True], "expires_at": None}
+    uneven = {
+        "payloads": ['"a"', '"b"'],
+        "texts": ["a"],
+        "from_user": [True, True],
+        "expires_at": None,
+        "max_items": None,
+    }
     not_a_batch = ['"a"']
     for shape in (uneven, not_a_batch):
         with contextlib.closing(authenticated_peer(db_path, KEY)) as peer:

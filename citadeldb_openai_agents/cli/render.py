@@ -85,7 +85,11 @@ def _value(report: CheckReport, name: str) -> Any:
 
 
 # What an unset setting means, where it is not simply "nothing" (the store decides it).
-_UNSET_MEANS = {"ttl": "keep forever", "cache_size": f"{DEFAULT_CACHE_PAGES} pages"}
+_UNSET_MEANS = {
+    "ttl": "keep forever",
+    "max_items": "no cap",
+    "cache_size": f"{DEFAULT_CACHE_PAGES} pages",
+}
 
 
 def _text(name: str, value: Any) -> str:

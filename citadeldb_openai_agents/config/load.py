@@ -207,6 +207,7 @@ def open_store(
             shard=settings.shard,
             erasure_ledger=settings.erasure_ledger,
             ring_file=settings.ring_file,
+            max_items=settings.max_items,
         )
     except WrongPassphraseError as exc:
         hint = _key_file_hint(settings)

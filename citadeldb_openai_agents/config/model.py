@@ -118,6 +118,11 @@ class CitadelSettings(BaseSettings):
         None,
         description="how long an item lives: seconds (3600) or 90s, 15m, 24h, 7d; unset keeps items forever",
     )
+    max_items: PositiveInt | None = Field(
+        None,
+        description="the most items a session keeps: each write erases the oldest beyond it "
+        "(keys destroyed); unset keeps every item",
+    )
     embedder: EmbedderSettings = Field(
         default_factory=EmbedderSettings, description="the embedder for search"
     )

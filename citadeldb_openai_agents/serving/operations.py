@@ -164,12 +164,17 @@ class Operation(Generic[T]):
 
 
 _BATCH = record(
-    Batch, payloads=many(text), texts=many(text), from_user=many(flag), expires_at=optional(whole)
+    Batch,
+    payloads=many(text),
+    texts=many(text),
+    from_user=many(flag),
+    expires_at=optional(whole),
+    max_items=optional(whole),
 )
 
 
 def batch(value: Any) -> Batch:
-    """A `Batch`: its lists of one length, its expiry an integer or null."""
+    """A `Batch`: its lists of one length, its expiry an integer or null, its cap at least 1 or null."""
     try:
         result: Batch = _BATCH(value)
     except ValueError as exc:  # Batch's own check: lists of different lengths

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import InvalidItemError
@@ -54,30 +54,34 @@ class Batch:
 
     Each item's JSON text (`payloads`), the text search indexes (`texts`), and whether
     the user said it (`from_user`), in order; `expires_at` (µs since the epoch) for all
-    of them, or None.
+    of them, or None; `max_items`: the most items the session keeps once they are written
+    (the oldest beyond it are erased in the same call), or None.
     """
 
     payloads: list[str]
     texts: list[str]
     from_user: list[bool]
     expires_at: int | None = None
+    max_items: int | None = None
 
     def __post_init__(self) -> None:
         if not len(self.payloads) == len(self.texts) == len(self.from_user):
             raise ValueError("a batch's payloads, texts and from_user differ in length")
+        if self.max_items is not None and self.max_items < 1:
+            raise ValueError("a batch's max_items is below 1")
 
     def __len__(self) -> int:
         return len(self.payloads)
 
     def part(self, items: slice, expires_at: int | None) -> Batch:
-        """The items in the slice `items`, expiring at `expires_at`."""
+        """The items in the slice `items`, expiring at `expires_at` (a copy's part: no cap)."""
         return Batch(self.payloads[items], self.texts[items], self.from_user[items], expires_at)
 
 
-def encode_batch(items: list[Any], expires_at: int | None = None) -> Batch:
+def encode_batch(items: list[Any], expires_at: int | None = None, max_items: int | None = None) -> Batch:
     """Items as the file stores them (`InvalidItemError` naming the first that is not JSON)."""
     payloads = [encode_item(item, position) for position, item in enumerate(items)]
-    return _batch(payloads, items, expires_at)
+    return replace(_batch(payloads, items, expires_at), max_items=max_items)
 
 
 def batch_of_payloads(payloads: list[str], expires_at: int | None = None) -> Batch:
@@ -114,6 +118,13 @@ def decode_items(payloads: list[str]) -> list[Any]:
         return items
     except RecursionError:  # the array is one level deeper than the deepest item
         return [decode_item(payload) for payload in payloads]
+
+
+def answers_a_call(item: Any) -> bool:
+    """Whether the item is a tool's output (``function_call_output``, ``computer_call_output``,
+    ...): sent to the model without the call it answers, the Responses API refuses the input."""
+    kind = item.get("type") if isinstance(item, dict) else None
+    return isinstance(kind, str) and kind.endswith("_output")
 
 
 def is_user_message(item: Any) -> bool:

@@ -22,6 +22,8 @@ from .codec import (
     QUESTION_LOOKBACK,
     SEARCH_KIND,
     Batch,
+    answers_a_call,
+    decode_item,
     digest,
     in_contexts,
     latest_question,
@@ -30,7 +32,7 @@ from .completeness import now_micros
 from .reads import all_items, newest, newest_hit, newest_in
 from .records import CATALOG_REGION
 from .search_blocks import Entries, block_atom, derive, placeholder_vector
-from .segment_cache import SessionState
+from .segment_cache import SessionState, live_ids
 from .segments import ALL, SEGMENT_CAPACITY, SessionLayout
 
 
@@ -57,6 +59,8 @@ def append(
     vector costs the same whatever it was computed from.
     """
     if resent and batch_id is not None and committed(layout, memory, state, batch_id):
+        if batch.max_items is not None:  # the owner that wrote it may have died before trimming
+            trim(layout, memory, state, batch.max_items)
         return
     contextual, question = in_contexts(last_question(layout, memory, state), batch.texts, batch.from_user)
     vectors = embed_documents(layout.embedder, contextual)
@@ -80,6 +84,48 @@ def append(
         search_upkeep.appended(cached, entries.with_ids(ids), block, batch.expires_at, flushed)
         cached.add(dict(zip(ids, batch.payloads, strict=True)), batch.expires_at)
     layout.caches.set_question(state, question)
+    if batch.max_items is not None:
+        trim(layout, memory, state, batch.max_items)
+
+
+def trim(layout: SessionLayout, memory: Memory, state: SessionState, keep: int) -> None:
+    """Erase the session's oldest items beyond its newest `keep`, as `clear_through` erases
+    (announced in the record, noted in the erasure ledger, keys destroyed).
+
+    Counted from the newest segment back, from the pages' list of live ids: only the
+    segments holding the newest `keep` items and the one the cut falls in are looked at.
+    The cut then moves past the tool outputs right after it, whose calls it erases (the
+    session keeps fewer items rather than a history the model's API refuses), but never
+    past the newest item.
+    """
+    now = now_micros()
+    kept = 0
+    newest: int | None = None
+    for position in range(len(state.segments) - 1, -1, -1):
+        number = state.segments[position]
+        ids = live_ids(layout.completeness.atoms(state, [number])[number], now)
+        newest = ids[-1] if newest is None and ids else newest
+        if kept + len(ids) > keep and newest is not None:
+            cut = len(ids) - (keep - kept)  # this segment's oldest `cut` items go, and any before
+            clear_through(
+                layout, memory, state, _past_outputs(layout, memory, state, position, ids[cut - 1], newest)
+            )
+            return
+        kept += len(ids)
+
+
+def _past_outputs(
+    layout: SessionLayout, memory: Memory, state: SessionState, position: int, through: int, newest: int
+) -> int:
+    """`through` moved past the tool outputs that follow it (their calls are at or before it)."""
+    for number in state.segments[position:]:
+        region = layout.region(memory, state, number)
+        while hits := memory.fetch(region, ITEM_KIND, limit=8, after_id=through):
+            for hit in hits:
+                if hit.id >= newest or not answers_a_call(decode_item(hit.payload)):
+                    return through
+                through = hit.id
+    return through
 
 
 def _batch_atoms(
