@@ -169,24 +169,10 @@ def test_max_items_comes_from_toml_or_the_environment_and_check_shows_it(
 
 
 async def test_a_run_on_a_capped_session_sends_no_tool_output_whose_call_was_erased(make_store: Any) -> None:
-    from agents import Agent, Runner, function_tool, set_tracing_disabled
-    from agents.testing import ScriptedModel, assistant_message, function_call
+    from agents import Runner
+    from test_runner import weather_agent  # its import disables tracing
 
-    set_tracing_disabled(True)
-
-    @function_tool
-    def weather(city: str) -> str:
-        """The weather in a city."""
-        return f"sunny in {city}"
-
-    model = ScriptedModel(
-        [
-            [function_call("weather", {"city": "Oslo"}, call_id="call_1")],
-            [assistant_message("It is sunny in Oslo.")],
-            [assistant_message("You asked about the weather.")],
-        ]
-    )
-    agent = Agent(name="assistant", model=model, tools=[weather])
+    agent, model = weather_agent("You asked about the weather.")
     session = make_store().session("s", max_items=2)
     await Runner.run(agent, "weather in Oslo?", session=session)
     # The newest 2 would be the tool's output and the reply; the output's call is erased, so it goes too.

@@ -30,7 +30,9 @@ async def test_multi_turn_history_reaches_the_model(store: CitadelSessionStore) 
     assert len(await session.get_items()) == 4
 
 
-async def test_tool_calls_are_stored_and_replayed(store: CitadelSessionStore) -> None:
+def weather_agent(second_reply: str) -> tuple[Agent[Any], ScriptedModel]:
+    """An agent whose first run calls a weather tool once, and whose second run replies `second_reply`."""
+
     @function_tool
     def weather(city: str) -> str:
         """The weather in a city."""
@@ -40,10 +42,14 @@ async def test_tool_calls_are_stored_and_replayed(store: CitadelSessionStore) ->
         [
             [function_call("weather", {"city": "Oslo"}, call_id="call_1")],
             [assistant_message("It is sunny in Oslo.")],
-            [assistant_message("You asked about Oslo.")],
+            [assistant_message(second_reply)],
         ]
     )
-    agent = Agent(name="assistant", model=model, tools=[weather])
+    return Agent(name="assistant", model=model, tools=[weather]), model
+
+
+async def test_tool_calls_are_stored_and_replayed(store: CitadelSessionStore) -> None:
+    agent, model = weather_agent("You asked about Oslo.")
     session = store.session("tools")
     await Runner.run(agent, "weather in Oslo?", session=session)
     items = await session.get_items()
