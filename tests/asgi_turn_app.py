@@ -18,6 +18,7 @@ sent again, and one that must not be applied twice.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import sys
@@ -30,7 +31,7 @@ from agents import Agent, Runner, set_tracing_disabled
 from agents.testing import ScriptedModel, assistant_message
 
 from citadeldb_openai_agents import from_config
-from citadeldb_openai_agents.storage.local_file import LocalFile
+from citadeldb_openai_agents.serving import operations
 
 set_tracing_disabled(True)
 
@@ -41,18 +42,19 @@ log.setLevel(logging.INFO)
 
 def hold_served_writes(switch: str) -> None:
     """In the owner, stop in a write a client sent, once per switch file (see above)."""
-    commit = LocalFile.append
+    declared = operations.OPERATIONS["append"]
 
-    def append(self: LocalFile, *args: Any, **kwargs: Any) -> None:
+    def append(*args: Any) -> None:
         # Only a write this process serves (serving/server.py names the thread), not its own.
         served = threading.current_thread().name == "citadel-client"
         if served and _switched(switch, "before"):
             threading.Event().wait()  # never committed, never answered: until the test kills this process
-        commit(self, *args, **kwargs)
+        declared.run(*args)
         if served and _switched(switch, "after"):
             threading.Event().wait()  # committed, never answered: until the test kills this process
 
-    LocalFile.append = append  # type: ignore[method-assign]
+    # The table the owner's server looks a client's call up in (its own calls use APPEND itself).
+    operations.OPERATIONS["append"] = dataclasses.replace(declared, run=append)
 
 
 def _switched(switch: str, moment: str) -> bool:

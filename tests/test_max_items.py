@@ -15,6 +15,7 @@ from test_serving import owner_running
 from citadeldb_openai_agents import CitadelSessionStore, ConfigurationError, from_config, restore_backup
 from citadeldb_openai_agents.cli.main import main
 from citadeldb_openai_agents.serving.operations import ProtocolError, batch
+from citadeldb_openai_agents.storage import writes
 from citadeldb_openai_agents.storage.codec import encode_batch
 
 from conftest import KEY
@@ -130,8 +131,9 @@ def test_a_clients_cap_is_applied_by_the_owner_and_holds_after_a_restart(db_path
 def test_a_batch_sent_again_after_its_owner_died_before_trimming_is_trimmed(make_store: Any) -> None:
     store = make_store()
     local = store._file._local  # the owner's side: what a resend reaches after a takeover
-    local.append("s", encode_batch(said(1, 2, 3)), "batch-1", False)  # written, then the owner died
-    local.append("s", encode_batch(said(1, 2, 3), max_items=2), "batch-1", True)
+    # Written, then the owner died; then sent again to the next owner.
+    local.on_session("s", writes.append, encode_batch(said(1, 2, 3)), "batch-1", False)
+    local.on_session("s", writes.append, encode_batch(said(1, 2, 3), max_items=2), "batch-1", True)
     assert contents(asyncio.run(store.session("s").get_items())) == ["message 2", "message 3"]
 
 

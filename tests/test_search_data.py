@@ -9,6 +9,7 @@ block that held an erased item's entry is gone from Citadel ("missing"), not hid
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import json
 import os
@@ -26,7 +27,8 @@ from test_compaction import SDK_HAS_THE_HOOK
 from test_erasure import verdicts_after_recreating
 
 from citadeldb_openai_agents import CitadelSessionStore, reembed
-from citadeldb_openai_agents.storage import reads
+from citadeldb_openai_agents.serving import operations as ops
+from citadeldb_openai_agents.storage import reads, writes
 from citadeldb_openai_agents.storage.search_blocks import read_block
 
 from conftest import KEY
@@ -159,7 +161,7 @@ def test_clearing_through_an_item_erases_its_search_data(twelve: tuple[Path, str
     blocks = before.holding(sorted(before.items)[0], through)
     with CitadelSessionStore(path, KEY) as store:
         asyncio.run(store.session("s").search("s fact number 1"))
-        store._file._local.clear_through("s", through)
+        store._file._local.on_session("s", writes.clear_through, through)
         assert indexed(store, "s") == set(sorted(before.items)[6:])
         assert asyncio.run(store.session("s").get_items()) == [turn("s", n) for n in range(6, 12)]
         assert asyncio.run(store.session("s").search("s fact number 7", limit=1)) == [turn("s", 7)]
@@ -264,9 +266,10 @@ def test_a_search_reads_only_its_session_and_then_only_the_hits(tmp_path: Path, 
             return recorded
 
     real = reads.search_placed
-    monkeypatch.setattr(
-        reads, "search_placed", lambda layout, memory, *rest: real(layout, Recorder(memory), *rest)
+    recorded = dataclasses.replace(
+        ops.SEARCH_PLACED, run=lambda layout, memory, *rest: real(layout, Recorder(memory), *rest)
     )
+    monkeypatch.setattr(ops, "SEARCH_PLACED", recorded)
     with CitadelSessionStore(path, KEY, argon2_profile="iot") as store:
         for n in range(40):
             write(store, f"other-{n}", 40, batch=20)

@@ -54,28 +54,28 @@ from socket_peers import authenticated_peer
 # before erasing) or `after-next` (once the call is committed, before it answers).
 SERVICE = textwrap.dedent(
     """
-    import asyncio, json, logging, os, signal, sys
+    import asyncio, dataclasses, json, logging, os, signal, sys
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")
     from citadeldb_openai_agents import CitadelSessionStore
-    from citadeldb_openai_agents.storage import local_file as local
+    from citadeldb_openai_agents.serving import operations
 
     store = CitadelSessionStore(sys.argv[1], sys.argv[2], argon2_profile="iot", serve=sys.argv[3] == "serve")
 
     def die(when, name):
-        # The owner dies at a point of the call the client cannot see: it only loses the owner.
-        real = getattr(local.LocalFile, name)
+        # The owner dies at a point of a client's call the client cannot see: it only loses the owner.
+        operation = operations.OPERATIONS[name]
         def kill():
             os.kill(os.getpid(), signal.SIGKILL)
-        def dying(self, *args, **kwargs):
+        def dying(*args):
             if when == "before":
                 kill()
             if when == "at-note":
-                note = kwargs["note"]
-                kwargs["note"] = lambda value: (note(value), kill())
-            result = real(self, *args, **kwargs)
+                note = args[-1]  # a noting operation's last argument
+                args = (*args[:-1], lambda value: (note(value), kill()))
+            result = operation.run(*args)
             kill()
             return result
-        setattr(local.LocalFile, name, dying)
+        operations.OPERATIONS[name] = dataclasses.replace(operation, run=dying)
 
     print("ready", os.getpid(), flush=True)
     for line in sys.stdin:

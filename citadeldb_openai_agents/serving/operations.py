@@ -18,7 +18,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, Generic, TypeVar
 
 from ..results import Erasure, IntegrityReport, SessionIntegrity
+from ..storage import reads, suffix, writes
 from ..storage.codec import Batch
+from ..storage.local_file import LocalFile
 
 T = TypeVar("T")
 
@@ -127,17 +129,26 @@ def _same(value: Any) -> Any:
     return value
 
 
+def _none(value: Any) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class Operation(Generic[T]):
-    """One operation of `LocalFile`, as every process on the file may call it.
+    """One operation on a file, as every process on it may call it.
 
     Attributes:
-        name: The `LocalFile` method.
+        name: Its name on the wire.
+        run: What runs it where the file is open (transport.run_here): for a session's
+            operation, the storage function, called with the session's layout, `Memory` and
+            state, then the arguments after the session id; else a `LocalFile` method.
         params: The shape of each argument, in order (a batch id and `resent` included).
         result: The shape of what it returns.
         resend: May be sent again to the next owner after the owner died without answering.
-        reports: Takes ``progress`` (called with done, total), reported to a caller that asks.
-        notes: Takes ``note``, told what it is about to erase before it erases (shape `noted`).
+        reports: Takes ``progress`` (called with done, total) after its arguments, reported to
+            a caller that asks.
+        notes: Takes ``note`` after its arguments, told what it is about to erase before it
+            erases (shape `noted`).
         batched: Its last two arguments are a batch id and `resent` (see `SharedFile._call`).
         marks_local: The batch id is stored on a call of this process's own too.
         session: Its first argument is a session id: one session's operation, refused for a
@@ -145,6 +156,7 @@ class Operation(Generic[T]):
     """
 
     name: str
+    run: Callable[..., T]
     params: tuple[Shape, ...]
     result: Shape
     resend: bool
@@ -190,26 +202,35 @@ def wire_argument(value: Any) -> Any:
 S, N, ITEMS = text, whole, many(text)
 _APPEND = (S, batch, S, flag)  # the session, the batch, its id and `resent`
 
-APPEND = Operation[None]("append", _APPEND, nothing, resend=True, batched=True, marks_local=False)
-NEWEST = Operation[list[str]]("newest", (S, N), ITEMS, resend=True)
-ALL_ITEMS = Operation[list[str]]("all_items", (S,), ITEMS, resend=True, reports=True)
+APPEND = Operation[None](
+    "append", writes.append, _APPEND, nothing, resend=True, batched=True, marks_local=False
+)
+NEWEST = Operation[list[str]]("newest", reads.newest, (S, N), ITEMS, resend=True)
+ALL_ITEMS = Operation[list[str]]("all_items", reads.all_items, (S,), ITEMS, resend=True, reports=True)
 SEARCH_PLACED = Operation[tuple[list[tuple[str, int]], int]](
-    "search_placed", (S, S, N), pair(many(pair(text, whole)), whole), resend=True
+    "search_placed", reads.search_placed, (S, S, N), pair(many(pair(text, whole)), whole), resend=True
 )
-SUMMARY = Operation[tuple[int, int, int] | None]("summary", (S,), optional(pair(N, N, N)), resend=True)
+SUMMARY = Operation[tuple[int, int, int] | None](
+    "summary", reads.summary, (S,), optional(pair(N, N, N)), resend=True
+)
 # Sent again only if the owner died before it noted the item it pops (SharedFile.pop).
-POP = Operation[str | None]("pop", (S,), optional(text), resend=True, notes=True, noted=ROW)
-# Likewise, before it noted the newest item.
-CLEAR = Operation[None]("clear", (S,), nothing, resend=True, notes=True, noted=whole)
-# These name the atom noted: doing them again finds it gone.
-POP_IF_NEWEST = Operation[str]("pop_if_newest", (S, N), text, resend=True)
-CLEAR_THROUGH = Operation[None]("clear_through", (S, N), nothing, resend=True)
-NEWEST_ROWS = Operation[tuple[list[tuple[int, str]], bool]](
-    "newest_rows", (S, N), pair(many(ROW), flag), resend=True
+POP = Operation[str | None]("pop", writes.pop, (S,), optional(text), resend=True, notes=True, noted=ROW)
+# Likewise, before it noted the newest item. The receipt's algorithm stays in the owner.
+CLEAR = Operation[str | None](
+    "clear", writes.clear, (S,), nothing, resend=True, notes=True, noted=whole, to_wire=_none
 )
-OLDEST_ROWS = Operation[list[tuple[int, str]]]("oldest_rows", (S, N, N, N), many(ROW), resend=True)
+# These name the atom noted: doing them again finds it gone.
+POP_IF_NEWEST = Operation[str]("pop_if_newest", writes.pop_if_newest, (S, N), text, resend=True)
+CLEAR_THROUGH = Operation[None]("clear_through", writes.clear_through, (S, N), nothing, resend=True)
+NEWEST_ROWS = Operation[tuple[list[tuple[int, str]], bool]](
+    "newest_rows", suffix.newest_rows, (S, N), pair(many(ROW), flag), resend=True
+)
+OLDEST_ROWS = Operation[list[tuple[int, str]]](
+    "oldest_rows", suffix.oldest_rows, (S, N, N, N), many(ROW), resend=True
+)
 REPLACE_SUFFIX = Operation[bool](
     "replace_suffix",
+    suffix.replace_suffix,
     (S, many(ROW), batch, many(whole), S, flag),
     flag,
     resend=True,
@@ -217,19 +238,25 @@ REPLACE_SUFFIX = Operation[bool](
 )
 # Its receipt is lost with the owner: the operator runs it again.
 ERASE = Operation[Erasure | None](
-    "erase", (S, optional(text)), optional(_ERASURE), resend=False, to_wire=_plain
+    "erase", writes.erase, (S, optional(text)), optional(_ERASURE), resend=False, to_wire=_plain
 )
 # The file's: every session, or none.
-SESSION_IDS = Operation[list[str]]("session_ids", (), ITEMS, resend=True, session=False)
-SUMMARIES = Operation[list[tuple[str, int, int, int]]](
-    "summaries", (), many(pair(S, N, N, N)), resend=True, reports=True, session=False
+SESSION_IDS = Operation[list[str]](
+    "session_ids", LocalFile.session_ids, (), ITEMS, resend=True, session=False
 )
-PURGE_EXPIRED = Operation[int]("purge_expired", (), whole, resend=True, reports=True, session=False)
+SUMMARIES = Operation[list[tuple[str, int, int, int]]](
+    "summaries", LocalFile.summaries, (), many(pair(S, N, N, N)), resend=True, reports=True, session=False
+)
+PURGE_EXPIRED = Operation[int](
+    "purge_expired", LocalFile.purge_expired, (), whole, resend=True, reports=True, session=False
+)
 VERIFY = Operation[IntegrityReport](
-    "verify", (), _REPORT, resend=True, reports=True, to_wire=_plain, session=False
+    "verify", LocalFile.verify, (), _REPORT, resend=True, reports=True, to_wire=_plain, session=False
 )
 # A second attempt would find the first one's files.
-BACKUP = Operation[list[str]]("backup", (S,), ITEMS, resend=False, reports=True, session=False)
+BACKUP = Operation[list[str]](
+    "backup", LocalFile.backup, (S,), ITEMS, resend=False, reports=True, session=False
+)
 
 OPERATIONS: dict[str, Operation[Any]] = {
     operation.name: operation

@@ -39,6 +39,7 @@ from .protocol import (
     hello_to_wire,
     wire_identity,
 )
+from .transport import run_here
 
 log = logging.getLogger("citadeldb_openai_agents")
 # Each client connecting and leaving, at DEBUG: a web server's workers open several
@@ -226,15 +227,13 @@ class Server:
             except ProtocolError as exc:
                 log.warning("dropped the client %s of %s: %s", who, self._file.path, exc)
                 return False
-            options: dict[str, Any] = {}
-            if operation.reports and message[3]:  # progress only for a caller that asked for it
-                options["progress"] = _forward(channel, "progress")
-            if operation.notes:
-                options["note"] = _forward(channel, "noted")
+            # Progress only for a caller that asked for it.
+            progress = _forward(channel, "progress") if operation.reports and message[3] else None
+            note = _forward(channel, "noted") if operation.notes else None
             with self._lock:
                 self._busy[channel] = time.monotonic()
             try:
-                result = getattr(self._file, operation.name)(*args, **options)
+                result = run_here(self._file, operation, args, progress, note)
             except Exception as exc:
                 reply = error_to_wire(exc)
             else:

@@ -39,6 +39,21 @@ class Transport(Protocol):
         """Let go of the file (or the connections to its owner)."""
 
 
+def run_here(
+    local: LocalFile,
+    operation: Operation[T],
+    args: tuple[Any, ...],
+    progress: Progress | None,
+    note: Note | None,
+) -> T:
+    """`operation(*args)` on the file this process holds, in the calling thread (the owner's
+    server runs its clients' calls here too)."""
+    extra = (progress,) if operation.reports else (note,) if operation.notes else ()
+    if operation.session:
+        return local.on_session(args[0], operation.run, *args[1:], *extra)
+    return operation.run(local, *args, *extra)
+
+
 class LocalTransport:
     """The file, open in this process: an operation is a method call in the calling thread."""
 
@@ -52,13 +67,7 @@ class LocalTransport:
     ) -> T:
         if operation.batched and not operation.marks_local and not args[-1]:
             args = (*args[:-2], None, False)  # this process's own write needs no marker
-        options: dict[str, Any] = {}
-        if operation.reports and progress is not None:
-            options["progress"] = progress
-        if operation.notes and note is not None:
-            options["note"] = note
-        result: T = getattr(self.local, operation.name)(*args, **options)
-        return result
+        return run_here(self.local, operation, args, progress, note)
 
     def close(self) -> None:
         """Give this store's share of the file back (a forked child leaves its parent's alone)."""

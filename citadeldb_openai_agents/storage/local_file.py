@@ -1,10 +1,10 @@
-"""A file held open by this process, with every operation the store offers on it.
+"""A file held open by this process: its sessions, and the operations on the whole file.
 
-`LocalFile` is what `CitadelSessionStore` stands on: it joins the process's open
-file (registry.py), builds or shares its session layout (segments.py), and runs
-each session operation (reads.py, writes.py) in the calling thread, under the
-session's lock, with the file's `Memory`. Items cross this boundary as JSON text
-(codec.py), ready for another process too.
+`LocalFile` is what a store that owns its file stands on: it joins the process's open
+file (registry.py), builds or shares its session layout (segments.py), and runs a
+session's operation, a storage function of reads.py, writes.py or suffix.py
+(`on_session`), in the calling thread, under the session's lock, with the file's
+`Memory`. Items cross this boundary as JSON text (codec.py), ready for another process too.
 
 Also here: `reembed`, done to a file that is not open for use (inspection.py checks
 such a file, restore.py puts a backup in place).
@@ -30,10 +30,9 @@ from ..errors import (
     LedgerError,
     WrongPassphraseError,
 )
-from ..results import Erasure, IntegrityReport, Progress, ReembedSummary, SessionIntegrity
+from ..results import IntegrityReport, Progress, ReembedSummary, SessionIntegrity
 from . import reads, registry, suffix, writes
 from .audit import ATOM_KEYS, check_before_memory
-from .codec import Batch
 from .completeness import now_micros
 from .engine import OpenDatabase, audit_chain, backup_with_audit, database_options, rotate
 from .files import copy_watched, database_files, make_private, private_files, resolve_path
@@ -107,56 +106,6 @@ class LocalFile:
     def release(self) -> None:
         """This store's share of the file is given back; the last one closes it."""
         registry.release(self._database)
-
-    # -- one session ------------------------------------------------------------------
-
-    def append(
-        self, session_id: str, batch: Batch, batch_id: str | None = None, resent: bool = False
-    ) -> None:
-        """Store a batch. `batch_id` (another process's id for it) is stored with it; `resent`
-        says that process may have sent it before: then a batch already stored is not
-        stored again."""
-        self._on(session_id, writes.append, batch, batch_id, resent)
-
-    def pop_if_newest(self, session_id: str, atom: int) -> str:
-        return self._on(session_id, writes.pop_if_newest, atom)
-
-    def clear_through(self, session_id: str, atom: int) -> None:
-        self._on(session_id, writes.clear_through, atom)
-
-    def newest_rows(self, session_id: str, limit: int) -> tuple[list[tuple[int, str]], bool]:
-        return self._on(session_id, suffix.newest_rows, limit)
-
-    def oldest_rows(self, session_id: str, after: int, before: int, limit: int) -> list[tuple[int, str]]:
-        return self._on(session_id, suffix.oldest_rows, after, before, limit)
-
-    def replace_suffix(self, session_id: str, *args: Any) -> bool:
-        """`suffix.replace_suffix`: expected rows, the batch, prune, batch id, resent."""
-        return self._on(session_id, suffix.replace_suffix, *args)
-
-    def newest(self, session_id: str, limit: int) -> list[str]:
-        return self._on(session_id, reads.newest, limit)
-
-    def all_items(self, session_id: str, progress: Progress | None = None) -> list[str]:
-        return self._on(session_id, reads.all_items, progress)
-
-    def pop(self, session_id: str, note: Callable[[tuple[int, str]], None] | None = None) -> str | None:
-        """Pop the newest item; `note` hears its atom id and payload before it is erased."""
-        return self._on(session_id, writes.pop, note)
-
-    def clear(self, session_id: str, note: Callable[[int], None] | None = None) -> None:
-        """Clear the session; `note` hears the newest item's atom id (0: none) before anything is erased."""
-        self._on(session_id, writes.clear, note)
-
-    def search_placed(self, session_id: str, query: str, limit: int) -> tuple[list[tuple[str, int]], int]:
-        return self._on(session_id, reads.search_placed, query, limit)
-
-    def erase(self, session_id: str, expected: str | None = None) -> Erasure | None:
-        return self._on(session_id, writes.erase, expected)
-
-    def summary(self, session_id: str) -> tuple[int, int, int] | None:
-        """(live items, first write, last write in µs) of a session; None when it holds none."""
-        return self._on(session_id, reads.summary)
 
     # -- every session ----------------------------------------------------------------
 
@@ -239,7 +188,9 @@ class LocalFile:
         held = self.erased_still_held(entries)
         for session_id in held:
             hid = self._layout.state(session_id).hid
-            self._on(session_id, suffix.erase_ledgered, [entry for entry in entries if entry.session == hid])
+            self.on_session(
+                session_id, suffix.erase_ledgered, [entry for entry in entries if entry.session == hid]
+            )
         self.purge_expired()
         return held
 
@@ -283,7 +234,9 @@ class LocalFile:
 
     # -- plumbing ---------------------------------------------------------------------
 
-    def _on(self, session_id: str, operation: Callable[..., T], *args: Any) -> T:
+    def on_session(self, session_id: str, operation: Callable[..., T], *args: Any) -> T:
+        """`operation(layout, memory, state, *args)` on the session, under its lock (a storage
+        function of reads.py, writes.py or suffix.py: serving/operations.py names which)."""
         return self._on_state(self._layout.state(session_id), operation, *args)
 
     def _on_state(self, state: SessionState, operation: Callable[..., T], *args: Any) -> T:
