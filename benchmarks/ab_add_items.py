@@ -94,7 +94,7 @@ def main() -> None:
     store = CitadelSessionStore(
         f"{directory}/ours.cdl", KEY, embedder=citadeldb.MockEmbedder(dim=EMBEDDER_DIM)
     )
-    add["ours"] = lambda batch: store._add_items("s", batch)
+    add["ours"] = lambda batch: store._history("s", None).add_items(batch, None)
     data = items(args.items)
     for start in range(0, args.items, 100):
         for function in add.values():

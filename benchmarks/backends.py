@@ -116,15 +116,14 @@ class OursSync(Ours):
     label = "ours (sync)"
 
     def session(self, session_id: str) -> Any:
-        store = self._store
-        for name in ("_get_items", "_add_items", "_pop_item", "_clear_session"):
-            if not hasattr(store, name):
-                raise Skipped(f"CitadelSessionStore.{name} is gone: update backends.OursSync")
+        if not hasattr(self._store, "_history"):
+            raise Skipped("CitadelSessionStore._history is gone: update backends.OursSync")
+        history = self._store._history(session_id, None)  # what CitadelSession's methods run
         return _Direct(
-            get_items=_inline(lambda limit=None: store._get_items(session_id, limit)),
-            add_items=_inline(lambda items: store._add_items(session_id, items)),
-            pop_item=_inline(lambda: store._pop_item(session_id)),
-            clear_session=_inline(lambda: store._clear_session(session_id)),
+            get_items=_inline(lambda limit=None: history.get_items(limit)),
+            add_items=_inline(lambda items: history.add_items(items, None)),
+            pop_item=_inline(history.pop_item),
+            clear_session=_inline(history.clear),
         )
 
 

@@ -54,9 +54,9 @@ def timed_turns(store: CitadelSessionStore, ids: list[str], turns: range) -> tup
     wall, cpu = time.perf_counter(), time.process_time()
     for turn in turns:
         for session_id in ids:
-            store._get_items(session_id, None)
-            store._add_items(session_id, user(turn))
-            store._add_items(session_id, answer(turn))
+            store._history(session_id, None).get_items(None)
+            store._history(session_id, None).add_items(user(turn), None)
+            store._history(session_id, None).add_items(answer(turn), None)
     count = len(ids) * len(turns)
     return (time.perf_counter() - wall) * 1000 / count, (time.process_time() - cpu) * 1000 / count
 
@@ -73,9 +73,9 @@ def ceiling(store: CitadelSessionStore, ids: list[str], threads: int, turns: int
         for turn in range(turns):
             session_id = mine[turn % len(mine)]
             if reads:
-                store._get_items(session_id, None)
-            store._add_items(session_id, user(turn))
-            store._add_items(session_id, answer(turn))
+                store._history(session_id, None).get_items(None)
+            store._history(session_id, None).add_items(user(turn), None)
+            store._history(session_id, None).add_items(answer(turn), None)
 
     workers = [threading.Thread(target=work, args=(mine,)) for mine in shares]
     start = time.perf_counter()
@@ -114,8 +114,8 @@ def main() -> None:
         try:
             for turn in range(args.warm):
                 for session_id in ids:
-                    store._add_items(session_id, user(turn))
-                    store._add_items(session_id, answer(turn))
+                    store._history(session_id, None).add_items(user(turn), None)
+                    store._history(session_id, None).add_items(answer(turn), None)
             owner = timed_turns(store, ids, range(args.warm, args.warm + args.turns))
             # The same turns from another process, a client of this one: what each side spends.
             cpu = time.process_time()

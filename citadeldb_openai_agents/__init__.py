@@ -36,6 +36,7 @@ from .migration.copy import copy_session
 from .migration.files import export_all, export_sqlite, import_file
 from .offline import reembed, restore_backup, verify_file
 from .results import (
+    EndedSession,
     Erasure,
     ExportSummary,
     HistoryHit,
@@ -44,6 +45,7 @@ from .results import (
     IntegrityReport,
     LockHolder,
     MoveSummary,
+    PurgeReport,
     ReembedSummary,
     SessionIntegrity,
     SessionSummary,
@@ -67,6 +69,7 @@ __all__ = [
     "EmbedderIdentity",
     "EmbedderMismatchError",
     "EmptyPassphraseError",
+    "EndedSession",
     "Erasure",
     "ExportExistsError",
     "ExportSummary",
@@ -82,6 +85,7 @@ __all__ = [
     "LockHolder",
     "MoveConflictError",
     "MoveSummary",
+    "PurgeReport",
     "ReembedSummary",
     "SentenceTransformerEmbedder",
     "SessionClosedError",

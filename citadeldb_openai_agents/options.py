@@ -15,8 +15,12 @@ from .errors import EmptyPassphraseError
 
 Argon2Profile = Literal["iot", "desktop", "server"]
 SyncMode = Literal["full", "normal", "off"]
+# "item": each item expires `ttl` after its own write; "session": the whole session expires
+# `ttl` after its last write (every write pushes it forward, as RedisSession's TTL).
+TtlMode = Literal["item", "session"]
 ARGON2_PROFILES: tuple[str, ...] = get_args(Argon2Profile)
 SYNC_MODES: tuple[str, ...] = get_args(SyncMode)
+TTL_MODES: tuple[str, ...] = get_args(TtlMode)
 DEFAULT_SYNC_MODE: SyncMode = "full"  # Citadel's own
 
 # Citadel's own default (under 1,000 pages of ~8 KiB) does not hold a 1,000-item session's
@@ -42,6 +46,30 @@ def check_ttl(seconds: Any) -> float | None:
     return float(seconds)
 
 
+def check_ttl_mode(mode: Any) -> TtlMode | None:
+    """How the TTL counts, "item" or "session"; None: the store's (or "item", the default)."""
+    if mode is not None and mode not in TTL_MODES:
+        raise ValueError(f"ttl_mode must be one of {', '.join(TTL_MODES)}, not {mode!r}")
+    return mode  # type: ignore[no-any-return]
+
+
+def check_idle_ttl(seconds: Any, *, never: bool = False) -> float | None:
+    """How long a session may go without a write before it is erased: positive seconds, or None.
+
+    With `never` (one session's own setting), ``math.inf`` is accepted too: that session is
+    never erased for idleness, whatever the store's setting.
+    """
+    if never and seconds == math.inf and not isinstance(seconds, bool):
+        return math.inf
+    try:
+        return check_ttl(seconds)
+    except ValueError:
+        forever = ", math.inf (never)" if never else ""
+        raise ValueError(
+            f"idle_ttl must be a positive number of seconds{forever} or None, not {seconds!r}"
+        ) from None
+
+
 def check_max_items(count: Any) -> int | None:
     """A session's item cap as the store takes it: a positive whole number, or None (no cap)."""
     if count is None:
@@ -52,7 +80,7 @@ def check_max_items(count: Any) -> int | None:
 
 
 # The settings every process on one file must share; a store may adopt the owner's (`check_adopt`).
-FIXED_PER_FILE = ("ttl", "embedder", "sync_mode", "erasure_ledger")
+FIXED_PER_FILE = ("ttl", "embedder", "sync_mode", "erasure_ledger", "ttl_mode", "idle_ttl")
 
 
 def check_adopt(names: Any) -> frozenset[str]:
@@ -78,9 +106,9 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
-def parse_duration(value: Any) -> float | None:
-    """A TTL as the settings take it: `check_ttl`'s seconds, or a duration such as ``90s``,
-    ``15m``, ``24h``, ``7d``.
+def parse_duration(value: Any, name: str = "ttl") -> float | None:
+    """A TTL (or another duration setting, `name`) as the settings take it: `check_ttl`'s
+    seconds, or a duration such as ``90s``, ``15m``, ``24h``, ``7d``.
 
     None stays None (keep forever). Raises `ValueError` for anything else, or a
     duration that is not positive.
@@ -101,7 +129,8 @@ def parse_duration(value: Any) -> float | None:
     except ValueError:
         raise ValueError(
             f"{value!r} is not a positive duration; give seconds (3600) or a number with a unit "
-            "s, m, h or d (90s, 15m, 24h, 7d), or leave ttl unset to keep items forever"
+            f"s, m, h or d (90s, 15m, 24h, 7d), or leave {name} unset"
+            + (" to keep items forever" if name == "ttl" else "")
         ) from None
 
 

@@ -37,6 +37,29 @@ class Erasure:
 
 
 @dataclass(frozen=True)
+class EndedSession:
+    """A session erased whole because it ended: `rule` is "ttl" (it lived `ttl` after its last
+    write, ``ttl_mode = "session"``) or "idle_ttl" (no write for that long)."""
+
+    session_id: str
+    rule: str
+    erasure: Erasure
+
+
+@dataclass(frozen=True)
+class PurgeReport:
+    """What `purge` erased: items past their own TTL one by one, and whole sessions that ended."""
+
+    expired_items: int
+    ended: list[EndedSession] = field(default_factory=list)
+
+    @property
+    def items_erased(self) -> int:
+        """Every item erased: the expired ones and those of the sessions that ended."""
+        return self.expired_items + sum(session.erasure.items_erased for session in self.ended)
+
+
+@dataclass(frozen=True)
 class SessionSummary:
     """One session as `CitadelSessionStore.sessions` lists it."""
 

@@ -8,8 +8,9 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import CitadelSessionError, ForkedStoreError, SessionClosedError
-from .options import check_max_items
+from .options import TtlMode, check_idle_ttl, check_max_items, check_ttl_mode
 from .results import HistoryHit
+from .storage.records import Retention
 from .store import CitadelSessionStore
 
 if TYPE_CHECKING:
@@ -45,6 +46,9 @@ class CitadelSession:
 
     ``max_items`` caps the session: each `add_items` erases the oldest items beyond it
     (keys destroyed, as `pop_item` erases); None takes the store's cap (no cap by default).
+    ``ttl_mode`` ("item" or "session") and ``idle_ttl`` (seconds; ``math.inf``: never for
+    idleness) replace the store's for this session from its next write on; the file keeps them
+    with the session, so every process (and a `purge`) ends it by them. None: the store's.
     """
 
     def __init__(
@@ -59,9 +63,12 @@ class CitadelSession:
         ttl: float | None = None,
         on_run_context: RunContextHook | None = None,
         max_items: int | None = None,
+        ttl_mode: TtlMode | None = None,
+        idle_ttl: float | None = None,
     ) -> None:
         try:
             self._max_items = check_max_items(max_items)
+            own = Retention(check_ttl_mode(ttl_mode), check_idle_ttl(idle_ttl, never=True))
             if not isinstance(session_id, str):
                 raise TypeError(f"session_id must be a str, not {type(session_id).__name__}")
             if store is not None:
@@ -91,6 +98,7 @@ class CitadelSession:
         self.session_id = session_id
         self._session_settings = session_settings
         self._store = store
+        self._history = store._history(session_id, None if own == Retention() else own)
         self._closed = False
         self.on_run_context = on_run_context
 
@@ -132,7 +140,7 @@ class CitadelSession:
             resolved = resolve_session_limit(None, self._session_settings)
         if resolved == 0:
             return []
-        return await asyncio.to_thread(self._store._get_items, self.session_id, resolved)
+        return await asyncio.to_thread(self._history.get_items, resolved)
 
     async def add_items(
         self, items: list[TResponseInputItem], *, wrapper: RunContextWrapper[Any] | None = None
@@ -147,7 +155,7 @@ class CitadelSession:
             return
         batch = list(items)
         await _complete_despite_cancellation(
-            asyncio.to_thread(self._store._add_items, self.session_id, batch, self.max_items)
+            asyncio.to_thread(self._history.add_items, batch, self.max_items)
         )
 
     @property
@@ -158,12 +166,12 @@ class CitadelSession:
     async def pop_item(self, *, wrapper: RunContextWrapper[Any] | None = None) -> TResponseInputItem | None:
         """Remove the newest item, erasing its key, and return it (None when empty)."""
         self._check_open(wrapper)
-        return await _complete_despite_cancellation(asyncio.to_thread(self._store._pop_item, self.session_id))
+        return await _complete_despite_cancellation(asyncio.to_thread(self._history.pop_item))
 
     async def clear_session(self, *, wrapper: RunContextWrapper[Any] | None = None) -> None:
         """Remove every item of this session, erasing their keys."""
         self._check_open(wrapper)
-        await _complete_despite_cancellation(asyncio.to_thread(self._store._clear_session, self.session_id))
+        await _complete_despite_cancellation(asyncio.to_thread(self._history.clear))
 
     async def search(self, query: str, *, limit: int = 5) -> list[TResponseInputItem]:
         """This session's items most relevant to `query`, best first.
@@ -180,7 +188,7 @@ class CitadelSession:
             raise TypeError(f"query must be a str, not {type(query).__name__}")
         if limit <= 0:
             return []
-        return await asyncio.to_thread(self._store._search, self.session_id, query, limit)
+        return await asyncio.to_thread(self._history.search, query, limit)
 
     async def _get_compaction_snapshot(
         self, limit: Any, *args: Any, prune_prefix: Any = None, **kwargs: Any
@@ -196,12 +204,12 @@ class CitadelSession:
         """
         self._check_open()
         unexpected = bool(args or kwargs)
-        return await self._store._compaction_snapshot(self.session_id, limit, prune_prefix, unexpected)
+        return await self._history.compaction_snapshot(limit, prune_prefix, unexpected)
 
     async def _atomic_replace_items(self, items: list[TResponseInputItem]) -> bool:
         """The SDK's private hook for a manual ``run_compaction()``: every item replaced at once, crash-safe."""
         self._check_open()
-        replace = asyncio.to_thread(self._store._replace_all, self.session_id, list(items))
+        replace = asyncio.to_thread(self._history.replace_all, list(items))
         return await _complete_despite_cancellation(replace)
 
     def search_tool(self, name: str = "search_history", limit: int = 5) -> FunctionTool:
@@ -221,7 +229,7 @@ class CitadelSession:
     async def _search_placed(self, query: str, limit: int) -> tuple[list[HistoryHit], int]:
         """The search tool's hits, with their positions, and how many items the session holds."""
         self._check_open()
-        return await asyncio.to_thread(self._store._search_with_positions, self.session_id, query, limit)
+        return await asyncio.to_thread(self._history.search_with_positions, query, limit)
 
     async def ping(self) -> bool:
         """Whether the file answers (here, or through the process that owns it), as the SDK's

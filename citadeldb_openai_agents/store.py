@@ -8,22 +8,22 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import options as checks
-from .compaction import compaction_snapshot, replace_all
 from .embedders.protocol import EmbedderIdentity
 from .embedders.providers import resolve_embedder
 from .errors import SessionClosedError, SessionNotFoundError
-from .options import DEFAULT_SYNC_MODE, Argon2Profile, SyncMode
-from .results import Erasure, HistoryHit, IntegrityReport, MoveSummary, Progress, SessionSummary
+from .history import History
+from .options import Argon2Profile, SyncMode, TtlMode
+from .results import Erasure, IntegrityReport, MoveSummary, Progress, PurgeReport, SessionSummary
 from .serving.protocol import Terms
 from .serving.shared_file import SharedFile
 from .shards import Ring, RingFile
-from .storage.codec import decode_item, decode_items, encode_batch, placed_hits
+from .storage.codec import decode_items, encode_batch
 from .storage.local_file import database_options
+from .storage.records import Retention
 from .transfer.chunks import IMPORT_MODES, ImportMode, import_chunks
 from .transfer.moves import move_sessions
 
@@ -47,9 +47,13 @@ class CitadelSessionStore:
         embedder: Embeds item text for `CitadelSession.search`; default
             ``citadeldb.MockEmbedder(dim=128)`` (no download). Any object with ``dim``, ``metric``,
             ``model_id`` and ``embed_with_cancel`` works; one with ``embed`` / ``embed_queries`` is adapted.
-        ttl: Seconds an item lives after it is written; None keeps items forever. Expired
-            items are invisible at once and erased (keys destroyed) when their session is next
-            written or by `purge_expired`.
+        ttl, ttl_mode: Seconds each item lives after its own write (``ttl_mode="item"``, the
+            default), or the whole session after its last write, which every add or pop pushes
+            forward (``"session"``); None keeps items forever. Expired items are invisible at once
+            and erased (keys destroyed) when their session is next written or by `purge`; an
+            expired session when next used, by `purge`, or by the file's owner within a minute.
+        idle_ttl: Seconds a session may go without a write before it is erased whole (as a session
+            TTL erases it), whatever the mode. None: never for idleness.
         session_settings: Default `SessionSettings` for sessions minted here.
         argon2_profile: Citadel's key-derivation cost for a *new* file ("iot", "desktop",
             "server"); an existing file keeps its own.
@@ -74,11 +78,12 @@ class CitadelSessionStore:
             Or `ring_file` in place of `shards`: a file an operator rewrites to change the ring live.
         erasure_ledger: A file outside the database where the owner records every erasure
             before it starts (`LedgerError` if it cannot), so `restore_backup` erases it again.
-        max_items: The most items a session minted here keeps (or `session(max_items=...)`'s): each
-            `add_items` erases the oldest beyond it, as `pop_item` erases (keys destroyed). None: no cap.
+        max_items: The most items a session keeps: each `add_items` erases the oldest beyond it,
+            as `pop_item` erases (keys destroyed). None: no cap. `session(...)` may give a session
+            its own ``max_items``, ``ttl_mode`` and ``idle_ttl``.
 
     Stores on one file in one process share one open database (another passphrase is refused);
-    every process on it needs the same passphrase, TTL, embedder, sync mode and ledger, or adopts them.
+    every process on it needs the same passphrase, TTL rules, embedder, sync mode and ledger, or adopts them.
     """
 
     def __init__(
@@ -100,17 +105,17 @@ class CitadelSessionStore:
         erasure_ledger: str | os.PathLike[str] | None = None,
         ring_file: str | os.PathLike[str] | None = None,
         max_items: int | None = None,
+        ttl_mode: TtlMode | None = None,
+        idle_ttl: float | None = None,
     ) -> None:
         try:
             checks.check_passphrase(key)
-            checked_ttl = checks.check_ttl(ttl)
             self.max_items = checks.check_max_items(max_items)
             adopted = checks.check_adopt(adopt)
             ring = Ring.of(shards, shard) if ring_file is None else RingFile.of(ring_file, shards, shard)
             self.session_settings = session_settings
             resolved_embedder = resolve_embedder(embedder)
             options = database_options(argon2_profile, sync_mode, cache_size)
-            ledger = None if erasure_ledger is None else os.path.abspath(os.path.expanduser(erasure_ledger))
             self._closed = False
             self._close_lock = threading.Lock()
             self._file = SharedFile(
@@ -119,7 +124,7 @@ class CitadelSessionStore:
                 embedder=resolved_embedder,
                 options=options,
                 create=create,
-                terms=Terms(checked_ttl, sync_mode or DEFAULT_SYNC_MODE, ledger),  # mode checked above
+                terms=Terms.of(ttl, sync_mode, erasure_ledger, ttl_mode, idle_ttl),
                 serve=serve,
                 adopt=adopted,
                 options_for=lambda mode: database_options(argon2_profile, mode, cache_size),  # type: ignore[arg-type]
@@ -137,6 +142,16 @@ class CitadelSessionStore:
     def ttl(self) -> float | None:
         """Seconds an item lives after it is written, or None (the owner's, when adopted)."""
         return self._file.terms.ttl
+
+    @property
+    def ttl_mode(self) -> str:
+        """How the TTL counts: "item" or "session" (the owner's, when adopted)."""
+        return self._file.terms.ttl_mode
+
+    @property
+    def idle_ttl(self) -> float | None:
+        """Seconds a session may go without a write before it is erased, or None (the owner's, when adopted)."""
+        return self._file.terms.idle_ttl
 
     @property
     def adopted(self) -> dict[str, Any]:
@@ -165,15 +180,25 @@ class CitadelSessionStore:
         session_settings: SessionSettings | None = None,
         on_run_context: RunContextHook | None = None,
         max_items: int | None = None,
+        ttl_mode: TtlMode | None = None,
+        idle_ttl: float | None = None,
     ) -> CitadelSession:
         """A session (created on its first write); `WrongShardError` for another shard's.
-        `on_run_context`, `max_items` (in place of the store's): as `CitadelSession` takes them."""
+        `on_run_context`, and `max_items`, `ttl_mode`, `idle_ttl` in place of the store's: as
+        `CitadelSession` takes them."""
         from .session import CitadelSession
 
         self._check_open()
         self._file.check_shard(session_id)
         settings = self.session_settings if session_settings is None else session_settings
-        session = CitadelSession(session_id, store=self, session_settings=settings, max_items=max_items)
+        session = CitadelSession(
+            session_id,
+            store=self,
+            session_settings=settings,
+            max_items=max_items,
+            ttl_mode=ttl_mode,
+            idle_ttl=idle_ttl,
+        )
         session.on_run_context = on_run_context
         return session
 
@@ -182,13 +207,18 @@ class CitadelSessionStore:
         self._check_open()
         return self._file.session_ids()
 
-    def purge_expired(self, *, progress: Progress | None = None) -> int:
-        """Erase every expired item now (keys destroyed); return how many were erased.
+    def purge(self, *, progress: Progress | None = None) -> PurgeReport:
+        """Erase now (keys destroyed) what has expired: each session that ended (`ttl` in session
+        mode, or `idle_ttl`), with its receipt, then every item past its own `ttl`.
 
         `progress(done, total)` is called after each session.
         """
         self._check_open()
-        return self._file.purge_expired(progress)
+        return self._file.purge(progress)
+
+    def purge_expired(self, *, progress: Progress | None = None) -> int:
+        """`purge`, returning only how many items it erased (those of the sessions that ended too)."""
+        return self.purge(progress=progress).items_erased
 
     def erase_session(self, session_id: str) -> Erasure:
         """Erase a session's items (keys destroyed) and return Citadel's evidence.
@@ -209,18 +239,14 @@ class CitadelSessionStore:
     def erase_sessions(
         self, session_ids: list[str], *, confirm: Callable[[dict[str, int]], None] | None = None
     ) -> list[tuple[str, Erasure]]:
-        """Erase several sessions, all or nothing: every id is checked before any is erased.
+        """Erase several sessions (duplicates once), all or nothing: every id is checked before any
+        is erased; returns each id, in the order given, with its receipt.
 
-        Args:
-            session_ids: The sessions to erase (duplicates are erased once).
-            confirm: Called with each id's item count once every id is known to hold
-                items, before anything is erased; raising from it erases nothing.
-
-        Returns each id, in the order given, with its receipt.
+        `confirm` is called with each id's item count once every id is known to hold items,
+        before anything is erased; raising from it erases nothing.
 
         Raises:
-            SessionNotFoundError: an id holds nothing; it names every such id, and
-                nothing was erased.
+            SessionNotFoundError: an id holds nothing; it names every such id; nothing was erased.
         """
         self._check_open()
         ids = list(dict.fromkeys(session_ids))
@@ -280,15 +306,19 @@ class CitadelSessionStore:
         if mode not in IMPORT_MODES:
             raise ValueError(f"mode must be one of {', '.join(IMPORT_MODES)}, not {mode!r}")
         return import_chunks(
-            self._file, session_id, encode_batch(list(items)), mode, self._expires_at, progress
+            self._file,
+            session_id,
+            encode_batch(list(items)),
+            mode,
+            self._history(session_id, None).expires_at,
+            progress,
         )
 
     def move_session(
         self, session_id: str, other: CitadelSessionStore, *, progress: Progress | None = None
     ) -> MoveSummary:
-        """Move a session to `other` (another file): copy, compare item by item, then erase it here.
-
-        Safe to interrupt and run again (transfer/moves.py): the session stays whole here, or in
+        """Move a session to `other` (another file): copy, compare item by item, then erase it here;
+        safe to interrupt and run again (transfer/moves.py): the session stays whole here, or in
         both files with the erase still to do, never in neither; the copy resumes, and the erase
         (with its receipt) happens only if this file still holds exactly the items compared. One
         found only in `other` was moved earlier (`erasure` None). `progress(copied, items)`.
@@ -307,7 +337,7 @@ class CitadelSessionStore:
         self._check_open()
         other._check_open()
         ids = list(dict.fromkeys(session_ids))
-        return move_sessions(self._file, other._file, ids, other._expires_at, progress)
+        return move_sessions(self._file, other._file, ids, other._history("", None).expires_at, progress)
 
     def rotate_key(self, current_key: str, new_key: str) -> None:
         """Change the file's passphrase; every session stays readable with the new one only.
@@ -385,36 +415,6 @@ class CitadelSessionStore:
                 f"this CitadelSessionStore ({self.path}) is closed; open a new one to continue."
             )
 
-    def _expires_at(self) -> int | None:
-        """When an item written now expires (µs since the epoch), or None."""
-        return None if (ttl := self.ttl) is None else int((time.time() + ttl) * 1_000_000)
-
-    async def _compaction_snapshot(self, session_id: str, limit: Any, prune: Any, unexpected: bool) -> Any:
-        return await compaction_snapshot(self._file, self._expires_at, session_id, limit, prune, unexpected)
-
-    def _replace_all(self, session_id: str, items: list[Any]) -> bool:
-        return replace_all(self._file, self._expires_at, session_id, items)
-
-    def _add_items(self, session_id: str, items: list[Any], max_items: int | None = None) -> None:
-        self._file.append(session_id, encode_batch(items, self._expires_at(), max_items))
-
-    def _get_items(self, session_id: str, limit: int | None) -> list[Any]:
-        if limit is None or limit < 0:
-            return decode_items(self._file.all_items(session_id))
-        return decode_items(self._file.newest(session_id, limit))
-
-    def _pop_item(self, session_id: str) -> Any | None:
-        return None if (payload := self._file.pop(session_id)) is None else decode_item(payload)
-
-    def _clear_session(self, session_id: str) -> None:
-        self._file.clear(session_id)
-
-    def _search(self, session_id: str, query: str, limit: int) -> list[Any]:
-        payloads = [payload for payload, _ in self._file.search_placed(session_id, query, limit)[0]]
-        return decode_items(payloads)
-
-    def _search_with_positions(self, session_id: str, query: str, limit: int) -> tuple[list[HistoryHit], int]:
-        """`_search`'s hits with their positions (identical hits once, with each position), and
-        the session's item count: from the search data, without reading the session."""
-        found, held = self._file.search_placed(session_id, query, limit)
-        return placed_hits(found), held
+    def _history(self, session_id: str, retention: Retention | None) -> History:
+        """What a `CitadelSession` of `session_id` runs its methods on (history.py)."""
+        return History(self._file, session_id, retention)

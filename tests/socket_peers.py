@@ -30,7 +30,13 @@ def authenticated_peer(db_path: Path, key: str, socket_key: SocketKey | None = N
             {
                 "pid": os.getpid(),
                 "program": "test",
-                "terms": {"ttl": None, "sync_mode": "full", "erasure_ledger": None},
+                "terms": {
+                    "ttl": None,
+                    "sync_mode": "full",
+                    "erasure_ledger": None,
+                    "ttl_mode": "item",
+                    "idle_ttl": None,
+                },
                 "identity": ["any", 1, "cosine"],
             },
         ]

@@ -119,6 +119,7 @@ def append_call(session_id: str, text: str) -> list[Any]:
         "from_user": [True],
         "expires_at": None,
         "max_items": None,
+        "retention": None,
     }
     return ["call", "append", [session_id, batch, uuid.uuid4().hex, False], False]
 

@@ -363,7 +363,7 @@ def test_the_search_tool_numbers_hits_from_the_search_data(tmp_path: Path) -> No
         for _ in range(3):
             asyncio.run(session.pop_item())
         held = asyncio.run(session.get_items())
-        hits, count = store._search_with_positions("s", "s fact number 301", 7)
+        hits, count = store._history("s", None).search_with_positions("s fact number 301", 7)
         assert count == len(held) == 597
         assert len(hits) == 7
         for hit in hits:

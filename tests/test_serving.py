@@ -416,6 +416,7 @@ def test_a_batch_whose_lists_disagree_is_refused_and_writes_nothing(service: Ser
         "from_user": [True, True],
         "expires_at": None,
         "max_items": None,
+        "retention": None,
     }
     not_a_batch = ['"a"']
     for shape in (uneven, not_a_batch):

@@ -48,6 +48,7 @@ LAYERS = [
     {"storage"},
     {"serving"},
     {"compaction", "transfer"},
+    {"history"},
     {"store", "offline"},
     {"search_tool"},
     {"session"},

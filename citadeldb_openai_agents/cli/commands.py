@@ -186,31 +186,6 @@ def erase(args: argparse.Namespace) -> int:
     return 0
 
 
-def move(args: argparse.Namespace) -> int:
-    settings = _settings(args)
-    target = _target_settings(args, settings)
-    with (
-        _open(args, settings) as store,
-        _open_new_or_existing(args, target) as other,
-        render.progress_bar("moving", enabled=not args.json, unit="item") as progress,
-    ):
-        moved_at = datetime.now(timezone.utc)
-        moved = store.move_sessions(args.session_ids, other, progress=progress)
-    if args.json:
-        render.print_json([render.move_dict(summary, moved_at) for summary in moved])
-    else:
-        for summary in moved:
-            render.print_move(summary, moved_at)
-    unconfirmed = [m.session_id for m in moved if m.erasure is not None and not m.erasure.readback_confirmed]
-    if unconfirmed:
-        raise Refused(
-            f"the readback did not confirm the erasure of {', '.join(map(repr, unconfirmed))} at the source: "
-            "the keys were destroyed, but Citadel did not read every item back as missing. "
-            "Keep this receipt and run `python -m citadeldb_openai_agents verify`."
-        )
-    return 0
-
-
 def _open_new_or_existing(args: argparse.Namespace, target: CitadelSettings) -> CitadelSessionStore:
     """The file the command writes to: created only with --create (a typo must not start a new file)."""
     try:
@@ -219,19 +194,6 @@ def _open_new_or_existing(args: argparse.Namespace, target: CitadelSettings) -> 
         if not exc.creation_refused:
             raise
         raise Refused(f"{exc} To start a new, empty file there, pass --create.") from None
-
-
-def _target_settings(args: argparse.Namespace, source: CitadelSettings) -> CitadelSettings:
-    """The settings of `--to-config`, refused when they name the source's own file."""
-    with _warnings_printed():
-        target = load_settings(args.to_config, **({"create": True} if args.create else {}))
-    if os.path.realpath(source.path) == os.path.realpath(target.path):
-        raise Refused(
-            f"--to-config {args.to_config} names the source's own file, {os.path.realpath(target.path)} "
-            f"(path from {target.provenance('path').origin}); nothing was moved. CITADEL_* variables "
-            "apply to both configurations: set each file's path in its own TOML file, not in CITADEL_PATH."
-        )
-    return target
 
 
 def _confirmed(path: str) -> Callable[[dict[str, int]], None]:
@@ -257,11 +219,15 @@ def _confirmed(path: str) -> Callable[[dict[str, int]], None]:
 
 
 def purge(args: argparse.Namespace) -> int:
-    with _open(args) as store, render.progress_bar("purging", enabled=True) as progress:
-        erased = store.purge_expired(progress=progress)
-        path, ttl = store.path, store.ttl
-    note = "" if ttl is not None else " (ttl is unset: items written with this configuration never expire)"
-    print(f"erased {render.count(erased, 'expired item')} from {path}{note}")
+    with _open(args) as store, render.progress_bar("purging", enabled=not args.json) as progress:
+        purged_at = datetime.now(timezone.utc)
+        report = store.purge(progress=progress)
+        path, ttl, mode, idle = store.path, store.ttl, store.ttl_mode, store.idle_ttl
+    if args.json:
+        render.print_json(render.purge_dict(report, path, purged_at))
+    else:
+        # Sessions are only mentioned where a rule could end one.
+        render.print_purge(report, path, purged_at, ttl, ends=bool(idle) or mode == "session")
     return 0
 
 

@@ -15,8 +15,7 @@ from typing import Any
 
 from ..config import CitadelSettings
 from ..errors import CitadelSessionError, ConfigurationError, CorruptDatabaseError, DatabaseLockedError
-from . import commands
-from . import ring as ring_commands
+from . import commands, moving
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -215,13 +214,15 @@ def _add_erasures(add: Any, as_json: Any) -> None:
     move.add_argument(
         "--create", action="store_true", help="create the target file if it does not exist (else it must)"
     )
-    move.set_defaults(run=commands.move)
+    move.set_defaults(run=moving.move)
 
     add(
         "purge",
-        "erase every expired item now and print how many",
-        "store.purge_expired()",
-        "Expired items are already invisible; this destroys their keys.",
+        "erase every expired item and every session that ended, and print what each erased",
+        "store.purge()",
+        "Expired items and sessions are already invisible; this destroys their keys. A session ends "
+        "ttl after its last write with ttl_mode session, or idle_ttl after it; each gets a receipt.",
+        as_json,
     ).set_defaults(run=commands.purge)
 
 
@@ -293,7 +294,7 @@ def _add_ring(add: Any, as_json: Any) -> None:
     change = ring.add_mutually_exclusive_group()
     change.add_argument("--begin", metavar="A,B,C", help="the fleet's new shards, comma-separated")
     change.add_argument("--finish", action="store_true", help="end the change under way")
-    ring.set_defaults(run=ring_commands.ring)
+    ring.set_defaults(run=moving.ring)
     add(
         "rebalance",
         "move this shard's sessions that a ring change sends elsewhere to their new shards",
@@ -302,7 +303,7 @@ def _add_ring(add: Any, as_json: Any) -> None:
         "item by item, and erased here with a receipt (as move does); run it again if interrupted.",
         shard_config,
         as_json,
-    ).set_defaults(run=ring_commands.rebalance)
+    ).set_defaults(run=moving.rebalance)
 
 
 def _add_recovery(add: Any, as_json: Any) -> None:

@@ -18,7 +18,15 @@ from typing import Any
 from .. import EmbedderIdentity
 from ..config import CheckReport
 from ..options import DEFAULT_CACHE_PAGES, format_duration
-from ..results import Erasure, ExportSummary, ImportReport, IntegrityReport, MoveSummary, SessionSummary
+from ..results import (
+    Erasure,
+    ExportSummary,
+    ImportReport,
+    IntegrityReport,
+    MoveSummary,
+    PurgeReport,
+    SessionSummary,
+)
 
 
 def print_check_report(report: CheckReport) -> None:
@@ -87,6 +95,7 @@ def _value(report: CheckReport, name: str) -> Any:
 # What an unset setting means, where it is not simply "nothing" (the store decides it).
 _UNSET_MEANS = {
     "ttl": "keep forever",
+    "idle_ttl": "never for idleness",
     "max_items": "no cap",
     "cache_size": f"{DEFAULT_CACHE_PAGES} pages",
 }
@@ -98,7 +107,7 @@ def _text(name: str, value: Any) -> str:
         return f"unset ({meaning})" if meaning else "unset"
     if isinstance(value, list):
         return ", ".join(value) if value else "none"
-    if name == "ttl":
+    if name in ("ttl", "idle_ttl"):
         return format_duration(value)
     if isinstance(value, EmbedderIdentity):
         return describe_embedder(value)
@@ -142,9 +151,28 @@ def receipt_dict(session_id: str, erasure: Erasure, path: str, erased_at: dateti
     }
 
 
-def print_receipt(session_id: str, erasure: Erasure, path: str, erased_at: datetime) -> None:
+def purge_dict(report: PurgeReport, path: str, purged_at: datetime) -> dict[str, Any]:
+    ended = [{**receipt_dict(s.session_id, s.erasure, path, purged_at), "rule": s.rule} for s in report.ended]
+    return {"database": path, "expired_items": report.expired_items, "ended_sessions": ended}
+
+
+def print_purge(report: PurgeReport, path: str, purged_at: datetime, ttl: float | None, ends: bool) -> None:
+    note = "" if ttl is not None else " (ttl is unset: items written with this configuration never expire)"
+    print(f"erased {count(report.expired_items, 'expired item')} from {path}{note}")
+    if report.ended or ends:
+        print(f"erased {count(len(report.ended), 'session')} that ended" + (":" if report.ended else ""))
+    for session in report.ended:
+        print_receipt(session.session_id, session.erasure, path, purged_at, why=session.rule)
+
+
+# Why `purge` erased a whole session, by the setting that ended it.
+_ENDED_BY = {"ttl": "its ttl ran out (ttl_mode session)", "idle_ttl": "idle for its idle_ttl"}
+
+
+def print_receipt(session_id: str, erasure: Erasure, path: str, erased_at: datetime, why: str = "") -> None:
     readback = "yes (every erased item reads back as missing)" if erasure.readback_confirmed else "NO"
-    print(f"erased session {session_id!r} from {path} at {utc(erased_at)} UTC")
+    because = f": {_ENDED_BY.get(why, why)}" if why else ""
+    print(f"erased session {session_id!r} from {path} at {utc(erased_at)} UTC{because}")
     print(f"  items erased:       {erasure.items_erased}")
     print(f"  regions dropped:    {erasure.regions_dropped}")
     print(f"  algorithm:          {erasure.algorithm} (keys destroyed)")

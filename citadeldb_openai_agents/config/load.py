@@ -208,6 +208,8 @@ def open_store(
             erasure_ledger=settings.erasure_ledger,
             ring_file=settings.ring_file,
             max_items=settings.max_items,
+            ttl_mode=settings.ttl_mode,
+            idle_ttl=settings.idle_ttl,
         )
     except WrongPassphraseError as exc:
         hint = _key_file_hint(settings)

@@ -118,6 +118,16 @@ class CitadelSettings(BaseSettings):
         None,
         description="how long an item lives: seconds (3600) or 90s, 15m, 24h, 7d; unset keeps items forever",
     )
+    ttl_mode: Literal["item", "session"] = Field(
+        "item",
+        description="how ttl counts: item (each item expires ttl after its own write) or session "
+        "(the whole session expires ttl after its last write; every write pushes it forward)",
+    )
+    idle_ttl: float | None = Field(
+        None,
+        description="how long a session may go without a write before it is erased whole (keys "
+        "destroyed): seconds or 90s, 15m, 24h, 7d; unset: never for idleness",
+    )
     max_items: PositiveInt | None = Field(
         None,
         description="the most items a session keeps: each write erases the oldest beyond it "
@@ -268,10 +278,10 @@ class CitadelSettings(BaseSettings):
             raise ValueError("the passphrase is empty; Citadel would encrypt the file with an empty key")
         return key
 
-    @field_validator("ttl", mode="before")
+    @field_validator("ttl", "idle_ttl", mode="before")
     @classmethod
-    def _duration(cls, ttl: Any) -> float | None:
-        return parse_duration(ttl)
+    def _duration(cls, value: Any, info: ValidationInfo) -> float | None:
+        return parse_duration(value, info.field_name or "ttl")
 
     @field_validator("shards", mode="before")
     @classmethod

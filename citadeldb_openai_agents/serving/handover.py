@@ -21,6 +21,7 @@ from ..errors import DatabaseLockedError, ForkedStoreError
 from ..storage.local_file import LocalFile
 from ..storage.lockholder import shorten_command
 from ..storage.process_state import current_pid, gone
+from ..storage.records import FileRetention
 from . import refusals, served_files
 from .address import Secret, socket_path
 from .client import RemoteOwner
@@ -63,6 +64,10 @@ class Opening:
         adopted: EmbedderIdentity | None = self.adopted.get("embedder")
         return EmbedderIdentity.of(self.embedder) if adopted is None else adopted
 
+    def retention(self) -> FileRetention:
+        """How long the file's sessions live, as this store serves it (its terms)."""
+        return FileRetention(self.terms.ttl, self.terms.ttl_mode, self.terms.idle_ttl)
+
     def hello(self) -> ClientHello:
         program = shorten_command(list(getattr(sys, "orig_argv", sys.argv)) or ["python"])
         return ClientHello(current_pid(), program, self.terms, wire_identity(self.identity))
@@ -70,11 +75,18 @@ class Opening:
     def adopt_from(self, owner: OwnerHello) -> None:
         """Take the owner's value of each setting this store adopts.
 
-        Kept after the owner goes: a takeover serves the file as it was served (its TTL,
-        its sync mode), not with values this process was never given.
+        Kept after the owner goes: a takeover serves the file as it was served (its TTL and
+        retention, its sync mode), not with values this process was never given.
         """
         if "ttl" in self.adopt:
             self.adopted["ttl"] = owner.terms.ttl
+        # Listed in `adopted` only when the owner sets them, as the ledger.
+        mode = owner.terms.ttl_mode if "ttl_mode" in self.adopt else self.terms.ttl_mode
+        idle = owner.terms.idle_ttl if "idle_ttl" in self.adopt else self.terms.idle_ttl
+        if "ttl_mode" in self.adopt and mode != "item":
+            self.adopted["ttl_mode"] = mode
+        if "idle_ttl" in self.adopt and idle is not None:
+            self.adopted["idle_ttl"] = idle
         if "sync_mode" in self.adopt:
             self.adopted["sync_mode"] = owner.terms.sync_mode
             if self.options_for is not None and owner.terms.sync_mode != self.terms.sync_mode:
@@ -90,6 +102,8 @@ class Opening:
             self.adopted.get("ttl", self.terms.ttl),
             self.adopted.get("sync_mode", self.terms.sync_mode),
             ledger,
+            mode,
+            idle,
         )
 
 
@@ -108,6 +122,7 @@ def attach(opening: Opening, mode: Mode, deadline: float) -> Transport:
                     options=opening.options,
                     create=opening.create,
                     ledger=opening.terms.erasure_ledger,
+                    retention=opening.retention(),
                 )
             except DatabaseLockedError as exc:
                 locked = exc

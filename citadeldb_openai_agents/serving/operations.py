@@ -13,14 +13,17 @@ on arrival (`Shape`), so a frame can only ever become the plain values listed he
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Generic, TypeVar
 
-from ..results import Erasure, IntegrityReport, SessionIntegrity
+from ..options import TTL_MODES
+from ..results import EndedSession, Erasure, IntegrityReport, PurgeReport, SessionIntegrity
 from ..storage import reads, suffix, writes
 from ..storage.codec import Batch
 from ..storage.local_file import LocalFile
+from ..storage.records import NEVER, Retention
 
 T = TypeVar("T")
 
@@ -98,6 +101,11 @@ def counts(value: Any) -> dict[str, int]:
 
 ROW = pair(whole, text)  # an item's atom id and payload
 _ERASURE = record(Erasure, items_erased=whole, regions_dropped=whole, algorithm=text, readback_confirmed=flag)
+_PURGE = record(
+    PurgeReport,
+    expired_items=whole,
+    ended=many(record(EndedSession, session_id=text, rule=text, erasure=_ERASURE)),
+)
 _REPORT = record(
     IntegrityReport,
     ok=flag,
@@ -175,6 +183,22 @@ class Operation(Generic[T]):
         return tuple(shape(value) for shape, value in zip(self.params, values, strict=True))
 
 
+def _idle_seconds(value: Any) -> float:
+    """A session's own idle_ttl on the wire: positive seconds, or `NEVER` (math.inf)."""
+    if value == NEVER and not isinstance(value, bool):
+        return math.inf
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ProtocolError("expected a positive number of seconds")
+    return float(value)
+
+
+def _mode(value: Any) -> str:
+    if value not in TTL_MODES:
+        raise ProtocolError(f"expected a TTL mode, got {value!r}")
+    return str(value)
+
+
+_RETENTION = record(Retention, ttl_mode=optional(_mode), idle_ttl=optional(_idle_seconds))
 _BATCH = record(
     Batch,
     payloads=many(text),
@@ -182,6 +206,7 @@ _BATCH = record(
     from_user=many(flag),
     expires_at=optional(whole),
     max_items=optional(whole),
+    retention=optional(_RETENTION),
 )
 
 
@@ -196,7 +221,12 @@ def batch(value: Any) -> Batch:
 
 def wire_argument(value: Any) -> Any:
     """An argument as JSON data (a `Batch` as an object; the rest is data already)."""
-    return asdict(value) if isinstance(value, Batch) else value
+    if not isinstance(value, Batch):
+        return value
+    wired = asdict(value)
+    if value.retention is not None:
+        wired["retention"] = value.retention.to_payload()  # math.inf as NEVER
+    return wired
 
 
 S, N, ITEMS = text, whole, many(text)
@@ -247,8 +277,8 @@ SESSION_IDS = Operation[list[str]](
 SUMMARIES = Operation[list[tuple[str, int, int, int]]](
     "summaries", LocalFile.summaries, (), many(pair(S, N, N, N)), resend=True, reports=True, session=False
 )
-PURGE_EXPIRED = Operation[int](
-    "purge_expired", LocalFile.purge_expired, (), whole, resend=True, reports=True, session=False
+PURGE = Operation[PurgeReport](
+    "purge", LocalFile.purge, (), _PURGE, resend=True, reports=True, to_wire=_plain, session=False
 )
 VERIFY = Operation[IntegrityReport](
     "verify", LocalFile.verify, (), _REPORT, resend=True, reports=True, to_wire=_plain, session=False
@@ -276,7 +306,7 @@ OPERATIONS: dict[str, Operation[Any]] = {
         ERASE,
         SESSION_IDS,
         SUMMARIES,
-        PURGE_EXPIRED,
+        PURGE,
         VERIFY,
         BACKUP,
     )

@@ -18,6 +18,7 @@ and the few fields it carries; any other exception crosses as a `StorageError` t
 
 from __future__ import annotations
 
+import os
 from collections.abc import Collection
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -31,7 +32,14 @@ from ..errors import (
     ForkedStoreError,
     StorageError,
 )
-from ..options import format_duration
+from ..options import (
+    DEFAULT_SYNC_MODE,
+    check_idle_ttl,
+    check_sync_mode,
+    check_ttl,
+    check_ttl_mode,
+    format_duration,
+)
 from ..results import LockHolder
 from .operations import ProtocolError, flag, optional, pair, record, text, whole
 
@@ -57,6 +65,28 @@ class Terms:
     # The erasure ledger's absolute path: a client whose erasures the owner records in no
     # ledger, or in another one, would find them back after a restore.
     erasure_ledger: str | None = None
+    # How long sessions live (storage/retention.py): the owner ends every session by its own.
+    ttl_mode: str = "item"
+    idle_ttl: float | None = None
+
+    @classmethod
+    def of(
+        cls,
+        ttl: Any,
+        sync_mode: Any,
+        erasure_ledger: str | os.PathLike[str] | None,
+        ttl_mode: Any,
+        idle_ttl: Any,
+    ) -> Terms:
+        """A store's terms from its arguments, each checked (`ValueError` naming the argument)."""
+        ledger = None if erasure_ledger is None else os.path.abspath(os.path.expanduser(erasure_ledger))
+        return cls(
+            check_ttl(ttl),
+            check_sync_mode(sync_mode) or DEFAULT_SYNC_MODE,
+            ledger,
+            check_ttl_mode(ttl_mode) or "item",
+            check_idle_ttl(idle_ttl),
+        )
 
 
 @dataclass(frozen=True)
@@ -85,7 +115,14 @@ def _seconds(value: Any) -> float:
     return float(value)
 
 
-_TERMS = record(Terms, ttl=optional(_seconds), sync_mode=text, erasure_ledger=optional(text))
+_TERMS = record(
+    Terms,
+    ttl=optional(_seconds),
+    sync_mode=text,
+    erasure_ledger=optional(text),
+    ttl_mode=text,
+    idle_ttl=optional(_seconds),
+)
 _IDENTITY = pair(text, whole, text)
 CLIENT_HELLO = record(ClientHello, pid=whole, program=text, terms=_TERMS, identity=_IDENTITY)
 OWNER_HELLO = record(OwnerHello, pid=whole, path=text, terms=_TERMS, identity=_IDENTITY)
@@ -113,6 +150,14 @@ def disagreements(owner: OwnerHello, mine: ClientHello, adopted: Collection[str]
         problems.append(
             f"sync_mode: this process has {mine.terms.sync_mode!r}, the owner has {owner.terms.sync_mode!r}"
         )
+    if "ttl_mode" not in adopted and owner.terms.ttl_mode != mine.terms.ttl_mode:
+        problems.append(
+            f"ttl_mode: this process has {mine.terms.ttl_mode!r}, the owner has {owner.terms.ttl_mode!r}"
+        )
+    if "idle_ttl" not in adopted and owner.terms.idle_ttl != mine.terms.idle_ttl:
+        problems.append(
+            f"idle_ttl: this process has {_idle(mine.terms.idle_ttl)}, the owner has {_idle(owner.terms.idle_ttl)}"
+        )
     if "erasure_ledger" not in adopted and owner.terms.erasure_ledger != mine.terms.erasure_ledger:
         problems.append(
             f"erasure_ledger: this process has {_ledger(mine.terms.erasure_ledger)}, "
@@ -123,6 +168,10 @@ def disagreements(owner: OwnerHello, mine: ClientHello, adopted: Collection[str]
 
 def _ledger(path: str | None) -> str:
     return "none" if path is None else repr(path)
+
+
+def _idle(idle: float | None) -> str:
+    return "none (never for idleness)" if idle is None else format_duration(idle)
 
 
 def _ttl(ttl: float | None) -> str:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..embedders.protocol import Embedder, EmbedderIdentity
 from ..errors import SessionClosedError, StorageError
-from ..results import Erasure, IntegrityReport, Progress
+from ..results import Erasure, IntegrityReport, Progress, PurgeReport
 from ..shards import Ring, RingFile
 from ..storage.codec import Batch
 from ..storage.files import resolve_path
@@ -214,8 +214,8 @@ class SharedFile:
     def summaries(self, progress: Progress | None = None) -> list[tuple[str, int, int, int]]:
         return self._call(ops.SUMMARIES, progress=progress)
 
-    def purge_expired(self, progress: Progress | None = None) -> int:
-        return self._call(ops.PURGE_EXPIRED, progress=progress)
+    def purge(self, progress: Progress | None = None) -> PurgeReport:
+        return self._call(ops.PURGE, progress=progress)
 
     def verify(self, progress: Progress | None = None) -> IntegrityReport:
         return self._call(ops.VERIFY, progress=progress)

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..errors import InvalidItemError
 from ..results import HistoryHit
+from .records import Retention
 
 ITEM_KIND = "item"
 # A write marker: the id of a batch another process sent, stored with the batch (writes.py).
@@ -55,7 +56,8 @@ class Batch:
     Each item's JSON text (`payloads`), the text search indexes (`texts`), and whether
     the user said it (`from_user`), in order; `expires_at` (µs since the epoch) for all
     of them, or None; `max_items`: the most items the session keeps once they are written
-    (the oldest beyond it are erased in the same call), or None.
+    (the oldest beyond it are erased in the same call), or None; `retention`: the session's
+    own TTL mode and idle time, kept in its record from this write on (retention.py), or None.
     """
 
     payloads: list[str]
@@ -63,6 +65,7 @@ class Batch:
     from_user: list[bool]
     expires_at: int | None = None
     max_items: int | None = None
+    retention: Retention | None = None
 
     def __post_init__(self) -> None:
         if not len(self.payloads) == len(self.texts) == len(self.from_user):
@@ -78,10 +81,15 @@ class Batch:
         return Batch(self.payloads[items], self.texts[items], self.from_user[items], expires_at)
 
 
-def encode_batch(items: list[Any], expires_at: int | None = None, max_items: int | None = None) -> Batch:
+def encode_batch(
+    items: list[Any],
+    expires_at: int | None = None,
+    max_items: int | None = None,
+    retention: Retention | None = None,
+) -> Batch:
     """Items as the file stores them (`InvalidItemError` naming the first that is not JSON)."""
     payloads = [encode_item(item, position) for position, item in enumerate(items)]
-    return replace(_batch(payloads, items, expires_at), max_items=max_items)
+    return replace(_batch(payloads, items, expires_at), max_items=max_items, retention=retention)
 
 
 def batch_of_payloads(payloads: list[str], expires_at: int | None = None) -> Batch:

@@ -106,6 +106,8 @@ class OpenDatabase:
         self.layout: Any = None
         # Work that must reach the file before it closes (search data waiting for a block).
         self.before_close: Callable[[Any], None] | None = None
+        # Work of its own the file does in the background (the retention sweep), stopped first.
+        self.stop_background: Callable[[], None] | None = None
         self.setup_lock = threading.Lock()
         self._calls: queue.SimpleQueue[tuple[Callable[[Any], Any], Future[Any]] | None] = queue.SimpleQueue()
         self._closed = False
@@ -285,6 +287,9 @@ class OpenDatabase:
 
     def close(self) -> None:
         """Close the file once the operations under way have finished; free its lock."""
+        stop, self.stop_background = self.stop_background, None
+        if stop is not None:
+            stop()  # before anything waits on the operations under way, a sweep's among them
         finish, self.before_close = self.before_close, None
         if finish is not None and not self._closed:
             try:

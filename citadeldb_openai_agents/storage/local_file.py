@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import citadeldb
+from citadeldb.memory import Memory
 
 from ..embedders.protocol import Embedder, EmbedderIdentity
 from ..errors import (
@@ -30,14 +31,15 @@ from ..errors import (
     LedgerError,
     WrongPassphraseError,
 )
-from ..results import IntegrityReport, Progress, ReembedSummary, SessionIntegrity
-from . import reads, registry, suffix, writes
+from ..results import EndedSession, IntegrityReport, Progress, PurgeReport, ReembedSummary, SessionIntegrity
+from . import reads, registry, retention, suffix, writes
 from .audit import ATOM_KEYS, check_before_memory
 from .completeness import now_micros
 from .engine import OpenDatabase, audit_chain, backup_with_audit, database_options, rotate
 from .files import copy_watched, database_files, make_private, private_files, resolve_path
 from .inspection import integrity_report
 from .ledger import LedgerEntry
+from .records import FileRetention
 from .reembed import reembed_file
 from .search_upkeep import store_all_pending
 from .segment_cache import SessionState
@@ -56,6 +58,8 @@ class LocalFile:
         embedder: The embedder the file's vectors are bound to.
         options: ``argon2_profile``, ``sync_mode`` and ``cache_size`` (options.py).
         create: False refuses to create a missing file (`DatabaseNotFoundError`).
+        ledger: The erasure ledger's path (ledger.py), or None.
+        retention: How long sessions live (retention.py): the TTL mode and idle time.
     """
 
     def __init__(
@@ -69,6 +73,7 @@ class LocalFile:
         refusal: str = "create=False forbids creating one",
         fix: str = ", or pass create=True to start a new, empty database",
         ledger: str | None = None,
+        retention: FileRetention | None = None,
     ) -> None:
         new = not os.path.exists(resolve_path(path))
         try:
@@ -79,7 +84,7 @@ class LocalFile:
             # Citadel makes two companions of a new file at its first region and atom, which the
             # layout writes: made 0600 like the file (files.private_files).
             with private_files() if new else contextlib.nullcontext():
-                self._layout = _shared_layout(self._database, embedder, ledger)
+                self._layout = _shared_layout(self._database, embedder, ledger, retention or FileRetention())
         except BaseException:
             registry.release(self._database)
             raise
@@ -110,15 +115,22 @@ class LocalFile:
     # -- every session ----------------------------------------------------------------
 
     def session_ids(self) -> list[str]:
-        return sorted(s.session_id for s in self._layout.states() if self._on_state(s, reads.has_live_item))
+        return sorted(
+            s.session_id for s in self._layout.states() if self._on_state(s, _listed, reads.has_live_item)
+        )
 
     def summaries(self, progress: Progress | None = None) -> list[tuple[str, int, int, int]]:
         """(id, items, first, last write) of every session holding an item, sorted by id."""
         found = []
-        for state, summary in self._each(reads.summary, progress):
-            if summary is not None:
+        for state, summary in self._each(_listed, progress, reads.summary):
+            if summary:
                 found.append((state.session_id, *summary))
         return sorted(found)
+
+    def purge(self, progress: Progress | None = None) -> PurgeReport:
+        """Erase the sessions past their TTL (session mode) or idle time, each with a receipt, then
+        every item past its own TTL (`purge_expired`)."""
+        return PurgeReport(self.purge_expired(progress), _erase_ended(self._database, self._layout))
 
     def purge_expired(self, progress: Progress | None = None) -> int:
         """Erase every expired atom; return the items erased (not their search data or markers).
@@ -236,21 +248,49 @@ class LocalFile:
 
     def on_session(self, session_id: str, operation: Callable[..., T], *args: Any) -> T:
         """`operation(layout, memory, state, *args)` on the session, under its lock (a storage
-        function of reads.py, writes.py or suffix.py: serving/operations.py names which)."""
-        return self._on_state(self._layout.state(session_id), operation, *args)
+        function of reads.py, writes.py or suffix.py: serving/operations.py names which).
+
+        A session past its TTL (session mode) or idle time is erased first: nothing reads it again.
+        """
+        state = self._layout.state(session_id)
+        with self._database.operation() as memory, state.lock:
+            if retention.ended(self._layout, memory, state):
+                writes.clear(self._layout, memory, state)
+            return operation(self._layout, memory, state, *args)
 
     def _on_state(self, state: SessionState, operation: Callable[..., T], *args: Any) -> T:
         with self._database.operation() as memory, state.lock:
             return operation(self._layout, memory, state, *args)
 
-    def _each(self, operation: Callable[..., T], progress: Progress | None) -> list[tuple[SessionState, T]]:
+    def _each(
+        self, operation: Callable[..., T], progress: Progress | None, *args: Any
+    ) -> list[tuple[SessionState, T]]:
         states = self._layout.states()
         done = []
         for number, state in enumerate(states, 1):
-            done.append((state, self._on_state(state, operation)))
+            done.append((state, self._on_state(state, operation, *args)))
             if progress is not None:
                 progress(number, len(states))
         return done
+
+
+def _listed(layout: SessionLayout, memory: Memory, state: SessionState, read: Callable[..., T]) -> T | None:
+    """`read` of a session the file's listings show: None for one past its deadline (retention.py)."""
+    return None if retention.ended(layout, memory, state) else read(layout, memory, state)
+
+
+def _erase_ended(database: OpenDatabase, layout: SessionLayout) -> list[EndedSession]:
+    """Erase, each with a receipt, the sessions past their TTL (session mode) or idle time."""
+    ended = []
+    for state in layout.states():
+        with database.operation() as memory, state.lock:
+            if not retention.ended(layout, memory, state):
+                continue
+            rule = layout.retention.rule(None if state.record is None else state.record.retention)
+            erasure = writes.erase(layout, memory, state)
+        if erasure is not None:
+            ended.append(EndedSession(state.session_id, rule or "ttl", erasure))
+    return sorted(ended, key=lambda session: session.session_id)
 
 
 def _private_backup(db: citadeldb.Database, path: str, target: str) -> None:
@@ -313,7 +353,9 @@ def _acquire(
     return database
 
 
-def _shared_layout(database: OpenDatabase, embedder: Embedder, ledger: str | None) -> SessionLayout:
+def _shared_layout(
+    database: OpenDatabase, embedder: Embedder, ledger: str | None, kept: FileRetention
+) -> SessionLayout:
     with database.setup_lock:
         layout = database.layout
         if layout is None:
@@ -327,15 +369,23 @@ def _shared_layout(database: OpenDatabase, embedder: Embedder, ledger: str | Non
                     database.path,
                 )
                 layout.keep_ledger(ledger)  # before recovery, which may finish an erasure
+                layout.keep_retention(kept)
                 suffix.recover(layout, memory)  # before any read: old suffix or new, never both
             database.layout = layout
             database.before_close = lambda memory: store_all_pending(layout, memory)
+            sweeper = retention.Sweeper(
+                lambda: _erase_ended(database, layout),
+                lambda: retention.sweep_period(layout, layout.states()),
+            )
+            database.stop_background = sweeper.stop
         elif layout.identity != EmbedderIdentity.of(embedder):
             raise EmbedderMismatchError(
                 f"{database.path} is already open in this process with embedder "
                 f"{layout.identity.model_id!r} (dim {layout.identity.dim}); this store asked for "
                 f"{EmbedderIdentity.of(embedder).model_id!r}. Use one embedder per file."
             )
+        else:
+            layout.keep_retention(kept)
         return layout  # type: ignore[no-any-return]  # OpenDatabase.layout is set here only
 
 

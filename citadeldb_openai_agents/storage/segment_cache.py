@@ -115,6 +115,9 @@ class SessionState:
     # The text of the session's latest user message and when it was right: a reply's
     # vector is computed with the question it answers (writes.append).
     question: tuple[str, tuple[object, ...]] | None = None
+    # When the session was last written (µs), once looked up (retention.last_write); every
+    # write here sets it, a clear forgets it.
+    last_write: int | None = None
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 

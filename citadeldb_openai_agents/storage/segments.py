@@ -41,7 +41,7 @@ import citadeldb
 from citadeldb.memory import AtomHit, Memory
 
 from ..embedders.protocol import Embedder, EmbedderIdentity
-from ..errors import CorruptDatabaseError, EmbedderMismatchError
+from ..errors import ConfigurationError, CorruptDatabaseError, EmbedderMismatchError
 from .audit import AuditVerdict
 from .codec import ITEM_KIND
 from .completeness import CompletenessCheck, RowReader, now_micros
@@ -53,6 +53,7 @@ from .records import (
     META_KIND,
     META_REGION,
     CatalogRecord,
+    FileRetention,
     parse_segment,
     segment_name,
     session_hid,
@@ -101,6 +102,9 @@ class SessionLayout:
         self._salt, layout_format = self._load_meta(memory)
         # Where this file's erasures are recorded (ledger.py); None: they are not.
         self.ledger: ErasureLedger | None = None
+        # How long its sessions live (retention.py): the first store to open the file here sets it.
+        self.retention = FileRetention()
+        self._retention_set = False
         self._load_index(memory, verdict)
         if layout_format < LAYOUT_FORMAT:
             self._upgrade(memory)
@@ -250,6 +254,17 @@ class SessionLayout:
         """Record this file's erasures at `path` from now on (the first store to name one sets it)."""
         if path is not None and self.ledger is None:
             self.ledger = ErasureLedger(path, self._salt)
+
+    def keep_retention(self, retention: FileRetention) -> None:
+        """Its sessions' TTL mode and idle time from now on: the first store here sets them, and
+        another store in this process must name the same (as a client must name the owner's)."""
+        if not self._retention_set:
+            self.retention, self._retention_set = retention, True
+        elif retention.rules() != self.retention.rules():
+            raise ConfigurationError(
+                f"{self.path} is already open in this process with {self.retention.describe()}; this "
+                f"store asked for {retention.describe()}. Every store on one file ends sessions by the same rules."
+            )
 
     def note_erasing(self, state: SessionState, hits: list[AtomHit]) -> None:
         """In the ledger, before they are erased: these items of the session."""

@@ -15,7 +15,7 @@ from citadeldb.memory import Memory
 from ..embedders.protocol import embed_documents
 from ..errors import MoveConflictError
 from ..results import Erasure
-from . import search_upkeep
+from . import retention, search_upkeep
 from .codec import (
     BATCH_KIND,
     ITEM_KIND,
@@ -51,17 +51,16 @@ def append(
     whether the owner wrote it before dying, `committed` finds it and it is not
     written twice.
 
-    Every item that is not the user's is embedded with the latest user message
-    before it: a query matches the user's question better than the reply that
-    answers it, so the reply's vector must carry the question's meaning too
-    (benchmarks/search_quality). Its keyword text stays its own: the keyword
-    index is what a longer text makes a write pay for (+20% a turn), the
-    vector costs the same whatever it was computed from.
+    Every item that is not the user's is embedded with the latest user message before it:
+    a query matches the user's question better than the reply that answers it
+    (benchmarks/search_quality). Its keyword text stays its own: a longer text would make
+    each write pay for a bigger keyword index (+20% a turn).
     """
     if resent and batch_id is not None and committed(layout, memory, state, batch_id):
         if batch.max_items is not None:  # the owner that wrote it may have died before trimming
             trim(layout, memory, state, batch.max_items)
         return
+    retention.keep(layout, memory, state, batch.retention)
     contextual, question = in_contexts(last_question(layout, memory, state), batch.texts, batch.from_user)
     vectors = embed_documents(layout.embedder, contextual)
     entries = derive(vectors, batch.texts, batch.from_user, layout.identity.metric)
@@ -83,6 +82,7 @@ def append(
         flushed = list(zip(pending, written[len(atoms) :], strict=True))
         search_upkeep.appended(cached, entries.with_ids(ids), block, batch.expires_at, flushed)
         cached.add(dict(zip(ids, batch.payloads, strict=True)), batch.expires_at)
+    state.last_write = now_micros()
     layout.caches.set_question(state, question)
     if batch.max_items is not None:
         trim(layout, memory, state, batch.max_items)
@@ -197,6 +197,9 @@ def pop(
             before_erasing((hit.id, str(hit.payload)))
         layout.note_erasing(state, [hit])
         record = layout.record(state)
+        # A pop is a write: the session's TTL (session mode) and idle time count from it, and
+        # every path below writes the record.
+        record.touched = state.last_write = now_micros()
         if layout.tail_ids(state) == [hit.id] and record.segments is not None:
             # The segment's last live item: dropping the segment erases its key too.
             layout.drop_segment(memory, state, number)
@@ -301,7 +304,7 @@ def clear(
         # The last step: a record gone while its segments remain can only be damage.
         algorithm = memory.forget(CATALOG_REGION, [state.catalog_id]).algorithm
         state.catalog_id = None
-    state.record = None
+    state.record = state.last_write = None
     return algorithm
 
 
@@ -371,7 +374,7 @@ def purge_expired(layout: SessionLayout, memory: Memory, state: SessionState) ->
     if not state.segments and state.catalog_id is not None:
         memory.forget(CATALOG_REGION, [state.catalog_id])
         state.catalog_id = None
-        state.record = None
+        state.record = state.last_write = None
 
 
 def _evict_expired(layout: SessionLayout, memory: Memory, state: SessionState, number: int) -> None:

@@ -1,20 +1,67 @@
-"""The ring commands: ``ring`` shows, begins or finishes a change of the fleet's ring file;
-``rebalance`` moves the sessions a change sends to other shards (docs/deployment.md,
-"Changing the ring"). The rules are the library's: `shard_for`, the guard that refuses a
-moving session to everyone but the move, and `move_sessions`.
+"""The commands that move sessions between files: ``move``, and a change of the fleet's ring.
+
+``ring`` shows, begins or finishes a change of the fleet's ring file; ``rebalance`` moves
+the sessions a change sends to other shards (docs/deployment.md, "Changing the ring"). The
+rules are the library's: `shard_for`, the guard that refuses a moving session to everyone
+but the move, and `move_sessions`.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from collections import defaultdict
 from contextlib import ExitStack
 from datetime import datetime, timezone
 
-from .. import CitadelSessionStore, MoveSummary, read_ring_file, shard_for, write_ring_file
+from .. import (
+    CitadelSessionStore,
+    MoveSummary,
+    read_ring_file,
+    shard_for,
+    write_ring_file,
+)
 from ..config import CitadelSettings, load_settings
 from . import render
-from .commands import Refused, _open, _settings, _warnings_printed
+from .commands import Refused, _open, _open_new_or_existing, _settings, _warnings_printed
+
+
+def move(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    target = _target_settings(args, settings)
+    with (
+        _open(args, settings) as store,
+        _open_new_or_existing(args, target) as other,
+        render.progress_bar("moving", enabled=not args.json, unit="item") as progress,
+    ):
+        moved_at = datetime.now(timezone.utc)
+        moved = store.move_sessions(args.session_ids, other, progress=progress)
+    if args.json:
+        render.print_json([render.move_dict(summary, moved_at) for summary in moved])
+    else:
+        for summary in moved:
+            render.print_move(summary, moved_at)
+    unconfirmed = [m.session_id for m in moved if m.erasure is not None and not m.erasure.readback_confirmed]
+    if unconfirmed:
+        raise Refused(
+            f"the readback did not confirm the erasure of {', '.join(map(repr, unconfirmed))} at the source: "
+            "the keys were destroyed, but Citadel did not read every item back as missing. "
+            "Keep this receipt and run `python -m citadeldb_openai_agents verify`."
+        )
+    return 0
+
+
+def _target_settings(args: argparse.Namespace, source: CitadelSettings) -> CitadelSettings:
+    """The settings of `--to-config`, refused when they name the source's own file."""
+    with _warnings_printed():
+        target = load_settings(args.to_config, **({"create": True} if args.create else {}))
+    if os.path.realpath(source.path) == os.path.realpath(target.path):
+        raise Refused(
+            f"--to-config {args.to_config} names the source's own file, {os.path.realpath(target.path)} "
+            f"(path from {target.provenance('path').origin}); nothing was moved. CITADEL_* variables "
+            "apply to both configurations: set each file's path in its own TOML file, not in CITADEL_PATH."
+        )
+    return target
 
 
 def ring(args: argparse.Namespace) -> int:

@@ -1,0 +1,225 @@
+"""Retention as users of the SDK's sessions think of it (issue 29): the TTL of a whole session,
+pushed forward by every write; sessions idle too long erased with receipts, by `purge` or by the
+owner on its own schedule; a session's own settings in place of the store's.
+
+Durations are a second or two: the clock is the one Citadel stamps every atom with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_erasure import stored_ids, verdicts_after_recreating
+from test_serving import owner_running
+
+from citadeldb_openai_agents import CitadelSessionStore, ConfigurationError, from_config
+from citadeldb_openai_agents.cli.main import main
+from citadeldb_openai_agents.storage import retention
+
+from conftest import KEY
+
+
+def said(*words: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": word} for word in words]
+
+
+def contents(items: list[Any]) -> list[str]:
+    return [item["content"] for item in items]
+
+
+@pytest.fixture
+def no_sweep(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The owner's own sweep held off, so that what `purge` finds is left for it to find."""
+    monkeypatch.setattr(retention, "sweep_period", lambda layout, states: 3600.0)
+
+
+async def test_in_session_mode_every_write_pushes_the_whole_sessions_expiry(make_store: Any) -> None:
+    by_session = make_store(ttl=1.5, ttl_mode="session")
+    by_item = make_store(Path(str(by_session.path) + ".items.cdl"), ttl=1.5)
+    for store in (by_session, by_item):
+        await store.session("s").add_items(said("one"))
+    time.sleep(0.9)
+    for store in (by_session, by_item):
+        await store.session("s").add_items(said("two"))
+    time.sleep(0.9)  # 1.8 s after "one", 0.9 s after "two"
+    assert contents(await by_session.session("s").get_items()) == ["one", "two"]
+    assert contents(await by_item.session("s").get_items()) == ["two"], "item mode: each item ages alone"
+    written = stored_ids(by_session, "s")
+    time.sleep(0.8)  # 1.7 s after the last write
+    assert await by_session.session("s").get_items() == []
+    assert by_session.sessions() == []
+    assert verdicts_after_recreating(by_session, written) == {"missing"}, "erased, not hidden"
+
+
+async def test_a_pop_is_a_write_and_pushes_the_sessions_expiry_too(make_store: Any) -> None:
+    store = make_store(ttl=1.5, ttl_mode="session")
+    session = store.session("s")
+    await session.add_items(said("one", "two", "three"))
+    time.sleep(0.9)
+    assert contents([await session.pop_item()]) == ["three"]
+    time.sleep(0.9)  # 1.8 s after the items were written, 0.9 s after the pop
+    assert contents(await session.get_items()) == ["one", "two"]
+
+
+async def test_idle_sessions_are_erased_by_purge_with_receipts_across_a_restart(
+    make_store: Any, db_path: Path, no_sweep: None
+) -> None:
+    first = make_store(idle_ttl=1.0)
+    await first.session("alice").add_items(said("alice's only message"))
+    await first.session("bob").add_items(said("bob's first"))
+    alice = stored_ids(first, "alice")
+    first.close()  # the file closes: what follows reads it again
+    time.sleep(0.6)
+    second = make_store(idle_ttl=1.0)
+    await second.session("bob").add_items(said("bob's second"))
+    time.sleep(0.6)  # alice: 1.2 s without a write; bob: 0.6 s
+    report = second.purge()
+    assert report.expired_items == 0
+    [ended] = report.ended
+    assert (ended.session_id, ended.rule, ended.erasure.items_erased) == ("alice", "idle_ttl", 1)
+    assert ended.erasure.readback_confirmed
+    assert verdicts_after_recreating(second, alice) == {"missing"}
+    assert contents(second.export("bob")) == ["bob's first", "bob's second"]
+    assert second.purge().ended == [], "erased once"
+
+
+async def test_an_idle_session_is_hidden_before_any_purge_and_erased_when_used(
+    make_store: Any, no_sweep: None
+) -> None:
+    store = make_store(idle_ttl=0.5)
+    await store.session("s").add_items(said("old news"))
+    written = stored_ids(store, "s")
+    time.sleep(0.7)
+    assert store.sessions() == [] and store.session_ids() == []
+    await store.session("s").add_items(said("a new conversation"))
+    assert contents(await store.session("s").get_items()) == ["a new conversation"]
+    assert verdicts_after_recreating(store, written) == {"missing"}
+
+
+async def test_a_sessions_own_settings_replace_the_stores_and_are_kept_with_it(
+    make_store: Any, no_sweep: None
+) -> None:
+    store = make_store(ttl=2.0, idle_ttl=1.0)
+    vip = store.session("vip", ttl_mode="session", idle_ttl=math.inf)  # lives 2 s after its last write
+    plain = store.session("plain")  # each item 2 s; the session 1 s after its last write
+    kept = store.session("kept", idle_ttl=math.inf)  # each item 2 s; never ended for idleness
+    for session in (vip, plain, kept):
+        await session.add_items(said("first"))
+    time.sleep(0.7)
+    await vip.add_items(said("second"))
+    store.close()
+    reopened = make_store(ttl=2.0, idle_ttl=1.0)  # the settings came with the writes, not the objects
+    time.sleep(0.6)  # 1.3 s: plain idle past 1 s
+    assert [(s.session_id, s.rule) for s in reopened.purge().ended] == [("plain", "idle_ttl")]
+    time.sleep(1.0)  # 2.3 s: "first" is older than the ttl
+    assert contents(await reopened.session("vip").get_items()) == ["first", "second"], "session mode"
+    assert await reopened.session("kept").get_items() == [], "item mode: its only item expired"
+    time.sleep(0.6)  # 2.9 s: vip 2.2 s after its last write
+    report = reopened.purge()
+    assert [(s.session_id, s.rule, s.erasure.items_erased) for s in report.ended] == [("vip", "ttl", 2)]
+    assert report.expired_items == 1  # kept's
+
+
+# Owns the file with the settings given as JSON in argv[3]; the owner's own sweep runs.
+OWNER = textwrap.dedent(
+    """
+    import json, sys
+    from citadeldb_openai_agents import CitadelSessionStore
+    store = CitadelSessionStore(sys.argv[1], sys.argv[2], argon2_profile="iot", **json.loads(sys.argv[3]))
+    print("ready", flush=True)
+    sys.stdin.read()
+    """
+)
+
+
+@pytest.mark.parametrize("rule", [{"ttl": 1.0, "ttl_mode": "session"}, {"idle_ttl": 1.0}])
+async def test_the_owner_erases_ended_sessions_on_its_own_schedule_a_clients_and_older_ones_too(
+    db_path: Path, rule: dict[str, Any]
+) -> None:
+    with CitadelSessionStore(db_path, KEY, argon2_profile="iot", **rule) as earlier:
+        await earlier.session("written before the owner opened the file").add_items(said("old"))
+    with (
+        owner_running(OWNER, db_path, json.dumps(rule)) as owner,
+        CitadelSessionStore(db_path, KEY, **rule) as client,
+    ):
+        assert client.served_by == owner.pid
+        await client.session("a client's").add_items(said("through the owner"))
+        time.sleep(2.0)  # past the rule, and a sweep (every quarter of it) since
+        await client.session("active").add_items(said("just now"))
+    # The owner gone, the file is opened with no rule at all: only its sweep can have erased them.
+    with CitadelSessionStore(db_path, KEY) as plain:
+        assert plain.session_ids() == ["active"]
+        assert stored_ids(plain, "a client's") == {}
+        assert stored_ids(plain, "written before the owner opened the file") == {}
+
+
+def test_a_client_must_end_sessions_by_the_owners_rules_or_adopt_them(db_path: Path) -> None:
+    with owner_running(OWNER, db_path, json.dumps({"ttl": 60, "ttl_mode": "session", "idle_ttl": 3600})):
+        with pytest.raises(ConfigurationError) as refused:
+            CitadelSessionStore(db_path, KEY, ttl=60)
+        problems = "\n".join(refused.value.problems)
+        assert "ttl_mode: this process has 'item', the owner has 'session'" in problems
+        assert "idle_ttl: this process has none (never for idleness), the owner has 1h" in problems
+        with CitadelSessionStore(db_path, KEY, ttl=60, adopt=("ttl_mode", "idle_ttl")) as adopter:
+            assert (adopter.ttl_mode, adopter.idle_ttl) == ("session", 3600)
+            assert adopter.adopted == {"ttl_mode": "session", "idle_ttl": 3600}
+
+
+def test_two_stores_of_one_process_on_one_file_end_sessions_by_the_same_rules(make_store: Any) -> None:
+    make_store(ttl=60, ttl_mode="session")
+    with pytest.raises(ConfigurationError, match=r"ttl_mode 'session', ttl 60\.0s and no idle_ttl"):
+        make_store(ttl=60)
+    make_store(ttl=60, ttl_mode="session")  # the same rules: shared
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"ttl_mode": "sessions"}, "ttl_mode must be one of item, session"),
+        ({"idle_ttl": 0}, "idle_ttl must be a positive number of seconds or None"),
+        ({"idle_ttl": math.inf}, "idle_ttl must be a positive number"),
+    ],
+)
+def test_retention_settings_are_checked(make_store: Any, arguments: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make_store(**arguments)
+
+
+def test_a_sessions_own_idle_ttl_may_be_never_but_not_zero(store: CitadelSessionStore) -> None:
+    assert store.session("s", idle_ttl=math.inf) is not None
+    with pytest.raises(ValueError, match=r"math.inf \(never\)"):
+        store.session("s", idle_ttl=0)
+
+
+def test_the_settings_come_from_toml_or_variables_and_purge_prints_what_each_rule_erased(
+    tmp_path: Path, clean_environment: None, monkeypatch: pytest.MonkeyPatch, capsys: Any, no_sweep: None
+) -> None:
+    (tmp_path / "citadel.toml").write_text(
+        'path = "agent.cdl"\nttl_mode = "session"\nttl = "1s"\nargon2_profile = "iot"\n', encoding="utf-8"
+    )
+    monkeypatch.setenv("CITADEL_KEY", KEY)
+    monkeypatch.setenv("CITADEL_IDLE_TTL", "30d")
+    with from_config() as store:
+        assert (store.ttl, store.ttl_mode, store.idle_ttl) == (1.0, "session", 30 * 86400)
+        asyncio.run(store.session("alice").add_items(said("hello", "there")))
+    assert main(["check", "--no-open"]) == 0
+    shown = capsys.readouterr().out
+    assert "ttl_mode           session" in shown and "idle_ttl           30d" in shown
+    time.sleep(1.2)
+    assert main(["purge"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("erased 0 expired items from ")
+    assert printed[1] == "erased 1 session that ended:"
+    assert printed[2].startswith("erased session 'alice' from ") and printed[2].endswith(
+        ": its ttl ran out (ttl_mode session)"
+    )
+    assert printed[3] == "  items erased:       2"
+    assert main(["purge", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ended_sessions"] == []
