@@ -9,6 +9,7 @@ from .config import CitadelSettings, from_config
 from .embedders import Embedder, EmbedderIdentity, LegacyEmbedderAdapter, SentenceTransformerEmbedder
 from .errors import (
     BackupExistsError,
+    BranchError,
     CitadelSessionError,
     ConfigurationError,
     ConfigurationWarning,
@@ -55,6 +56,7 @@ from .store import CitadelSessionStore
 
 __all__ = [
     "BackupExistsError",
+    "BranchError",
     "CitadelSession",
     "CitadelSessionError",
     "CitadelSessionStore",

@@ -25,6 +25,7 @@ from .storage.codec import decode_item, decode_items, encode_batch
 
 if TYPE_CHECKING:
     from .serving.shared_file import SharedFile
+    from .storage.segments import SessionKey
 
 # When an item written now expires (the store's TTL), in µs since the epoch, or None.
 ExpiresAt = Callable[[], "int | None"]
@@ -50,7 +51,7 @@ def snapshot_type() -> Any | None:
 async def compaction_snapshot(
     file: SharedFile,
     expires_at: ExpiresAt,
-    session_id: str,
+    session_id: SessionKey,
     limit: Any,
     prune_prefix: Callable[[Any], bool] | None,
     unexpected: bool,
@@ -78,7 +79,7 @@ async def compaction_snapshot(
 def replace(
     file: SharedFile,
     expires_at: ExpiresAt,
-    session_id: str,
+    session_id: SessionKey,
     expected: list[tuple[int, str]],
     output: list[Any],
     prune_prefix: Callable[[Any], bool] | None = None,
@@ -93,7 +94,7 @@ def replace(
     return file.replace_suffix(session_id, expected, batch, prune)
 
 
-def replace_all(file: SharedFile, expires_at: ExpiresAt, session_id: str, output: list[Any]) -> bool:
+def replace_all(file: SharedFile, expires_at: ExpiresAt, session_id: SessionKey, output: list[Any]) -> bool:
     """The whole history replaced by `output` in one crash-safe replacement (``_atomic_replace_items``).
 
     False when it changed between the read and the replacement (the SDK then falls back).
@@ -107,7 +108,7 @@ def replace_all(file: SharedFile, expires_at: ExpiresAt, session_id: str, output
 
 
 def _expired_prefix(
-    file: SharedFile, session_id: str, before: int, prune_prefix: Callable[[Any], bool]
+    file: SharedFile, session_id: SessionKey, before: int, prune_prefix: Callable[[Any], bool]
 ) -> list[int]:
     """The ids of the oldest items `prune_prefix` calls True, up to the first it does not (or `before`)."""
     pruned: list[int] = []

@@ -22,6 +22,7 @@ exception reaches a caller: storage/translate.py turns each into one of these.
     ├── SessionNotFoundError (LookupError)     an operator command named a session that holds nothing
     ├── SessionNotEmptyError (ValueError)      an import into a session that holds other items
     ├── MoveConflictError (ValueError)         a move whose target holds other items, or whose session changed
+    ├── BranchError (ValueError)               a branch or turn that is not there, or a branch name used before
     ├── ImportSourceError (ValueError)         an import's source cannot be read as a session file
     ├── WrongShardError (LookupError)          the session belongs to another shard (names it)
     │   └── ShardMovingError                   it is moving to another shard: retry shortly
@@ -130,6 +131,11 @@ class SessionNotEmptyError(CitadelSessionError, ValueError):
 class MoveConflictError(CitadelSessionError, ValueError):
     """A move that would mix or lose items: the target holds other items under the session's id,
     or the session changed while it was moved. Nothing was erased: the source still holds it."""
+
+
+class BranchError(CitadelSessionError, ValueError):
+    """A branch or turn that does not exist, a branch name used before, or a branch that cannot go
+    (main, the current one); the words are `AdvancedSQLiteSession`'s, and so is the ValueError."""
 
 
 class ImportSourceError(CitadelSessionError, ValueError):

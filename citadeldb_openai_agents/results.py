@@ -44,6 +44,7 @@ class EndedSession:
     session_id: str
     rule: str
     erasure: Erasure
+    branch: str = "main"  # each branch ends by its own writes
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
+from .branching import Branching
 from .errors import CitadelSessionError, ForkedStoreError, SessionClosedError
+from .history import complete_despite_cancellation
 from .options import TtlMode, check_idle_ttl, check_max_items, check_ttl_mode
 from .results import HistoryHit
 from .storage.records import Retention
@@ -18,13 +20,12 @@ if TYPE_CHECKING:
     from agents.items import TResponseInputItem
     from agents.memory import SessionSettings
 
-T = TypeVar("T")
 
 # Called with the session and the run's context before each history call a run makes.
 RunContextHook = Callable[["CitadelSession", "RunContextWrapper[Any]"], None]
 
 
-class CitadelSession:
+class CitadelSession(Branching):
     """An Agents SDK session whose history lives encrypted in a Citadel file.
 
     Either give a file and passphrase (the session opens, or joins, the process's
@@ -34,8 +35,9 @@ class CitadelSession:
 
     or mint it from a store: ``store.session("user-123")``.
 
-    The four protocol methods behave as `agents.SQLiteSession`'s do. Session ids
-    are arbitrary strings, case-sensitive ("Bob" and "bob" are two sessions).
+    The four protocol methods behave as `agents.SQLiteSession`'s do, and the branches, turns
+    and usage of `AdvancedSQLiteSession` are here too (branching.py). Session ids are
+    arbitrary strings, case-sensitive ("Bob" and "bob" are two sessions).
 
     The session takes the run's context (the SDK passes its ``RunContextWrapper`` as
     ``wrapper`` to sessions whose four methods accept it): ``on_run_context(session, wrapper)``
@@ -123,7 +125,11 @@ class CitadelSession:
         return self._store
 
     async def get_items(
-        self, limit: int | None = None, *, wrapper: RunContextWrapper[Any] | None = None
+        self,
+        limit: int | None = None,
+        branch_id: str | None = None,
+        *,
+        wrapper: RunContextWrapper[Any] | None = None,
     ) -> list[TResponseInputItem]:
         """Return the history, oldest first.
 
@@ -131,6 +137,7 @@ class CitadelSession:
             limit: The number of newest items to return (still oldest first). None
                 falls back to ``session_settings.limit``, and to every item when that
                 is None too; 0 returns ``[]``.
+            branch_id: A branch to read (None: the current one, "main" at first).
         """
         self._check_open(wrapper)
         resolved = limit
@@ -140,7 +147,7 @@ class CitadelSession:
             resolved = resolve_session_limit(None, self._session_settings)
         if resolved == 0:
             return []
-        return await asyncio.to_thread(self._history.get_items, resolved)
+        return await asyncio.to_thread(self._history.get_items, resolved, branch_id)
 
     async def add_items(
         self, items: list[TResponseInputItem], *, wrapper: RunContextWrapper[Any] | None = None
@@ -154,9 +161,7 @@ class CitadelSession:
         if not items:
             return
         batch = list(items)
-        await _complete_despite_cancellation(
-            asyncio.to_thread(self._history.add_items, batch, self.max_items)
-        )
+        await complete_despite_cancellation(asyncio.to_thread(self._history.add_items, batch, self.max_items))
 
     @property
     def max_items(self) -> int | None:
@@ -166,12 +171,12 @@ class CitadelSession:
     async def pop_item(self, *, wrapper: RunContextWrapper[Any] | None = None) -> TResponseInputItem | None:
         """Remove the newest item, erasing its key, and return it (None when empty)."""
         self._check_open(wrapper)
-        return await _complete_despite_cancellation(asyncio.to_thread(self._history.pop_item))
+        return await complete_despite_cancellation(asyncio.to_thread(self._history.pop_item))
 
     async def clear_session(self, *, wrapper: RunContextWrapper[Any] | None = None) -> None:
         """Remove every item of this session, erasing their keys."""
         self._check_open(wrapper)
-        await _complete_despite_cancellation(asyncio.to_thread(self._history.clear))
+        await complete_despite_cancellation(asyncio.to_thread(self._history.clear))
 
     async def search(self, query: str, *, limit: int = 5) -> list[TResponseInputItem]:
         """This session's items most relevant to `query`, best first.
@@ -210,7 +215,7 @@ class CitadelSession:
         """The SDK's private hook for a manual ``run_compaction()``: every item replaced at once, crash-safe."""
         self._check_open()
         replace = asyncio.to_thread(self._history.replace_all, list(items))
-        return await _complete_despite_cancellation(replace)
+        return await complete_despite_cancellation(replace)
 
     def search_tool(self, name: str = "search_history", limit: int = 5) -> FunctionTool:
         """This session's `search` as an SDK `FunctionTool`, for the agent that uses the session.
@@ -282,23 +287,3 @@ class CitadelSession:
 
     def __repr__(self) -> str:
         return f"<CitadelSession {self.session_id!r} in {self._store.path!r}>"
-
-
-async def _complete_despite_cancellation(awaitable: Awaitable[T]) -> T:
-    """Finish a mutation even if the awaiting task is cancelled, then re-raise the cancel.
-
-    A write that was already handed to Citadel must not be reported lost while it
-    completes behind the caller's back; the SDK's own sessions behave the same way.
-    """
-    task = asyncio.ensure_future(awaitable)
-    cancelled: asyncio.CancelledError | None = None
-    while not task.done():
-        try:
-            await asyncio.wait({task})
-        except asyncio.CancelledError as exc:
-            cancelled = cancelled or exc
-    result = task.result() if cancelled is None else None
-    if cancelled is not None:
-        task.exception()  # retrieve it, so an error is not reported as "never retrieved"
-        raise cancelled
-    return result  # type: ignore[return-value]

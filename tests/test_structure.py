@@ -43,14 +43,14 @@ DESIGN = PACKAGE.parent / "docs" / "design.md"
 # module imports only from its own layer or lower ones, counting imports made inside
 # functions and under TYPE_CHECKING too. docs/design.md states the same order.
 LAYERS = [
-    {"errors", "results", "hints", "options", "shards"},
+    {"errors", "results", "hints", "options", "shards", "turns"},
     {"embedders"},
     {"storage"},
     {"serving"},
     {"compaction", "transfer"},
     {"history"},
     {"store", "offline"},
-    {"search_tool"},
+    {"search_tool", "branching"},
     {"session"},
     {"demo", "migration"},
     {"config"},

@@ -20,10 +20,12 @@ from typing import Any, Generic, TypeVar
 
 from ..options import TTL_MODES
 from ..results import EndedSession, Erasure, IntegrityReport, PurgeReport, SessionIntegrity
-from ..storage import reads, suffix, writes
+from ..storage import branches, reads, suffix, writes
+from ..storage import usage as usage_store
 from ..storage.codec import Batch
 from ..storage.local_file import LocalFile
-from ..storage.records import NEVER, Retention
+from ..storage.records import MAIN, NEVER, Retention
+from ..storage.segments import SessionKey
 
 T = TypeVar("T")
 
@@ -104,7 +106,7 @@ _ERASURE = record(Erasure, items_erased=whole, regions_dropped=whole, algorithm=
 _PURGE = record(
     PurgeReport,
     expired_items=whole,
-    ended=many(record(EndedSession, session_id=text, rule=text, erasure=_ERASURE)),
+    ended=many(record(EndedSession, session_id=text, rule=text, erasure=_ERASURE, branch=text)),
 )
 _REPORT = record(
     IntegrityReport,
@@ -210,6 +212,51 @@ _BATCH = record(
 )
 
 
+def session_key(value: Any) -> SessionKey:
+    """A session's id, or one of its branches: ``[id, branch]``."""
+    if isinstance(value, str):
+        return value
+    session_id, branch = pair(text, text)(value)
+    if branch == MAIN:
+        raise ProtocolError("MAIN is named by the session id alone")
+    return session_id, branch
+
+
+def _json_object(value: Any) -> dict[str, Any]:
+    """An object of JSON values (token details: the SDK keeps whatever its `Usage` holds)."""
+
+    def check(item: Any, depth: int) -> None:
+        if depth > 8:
+            raise ProtocolError("token details nest too deeply")
+        if isinstance(item, dict):
+            for key, inner in item.items():
+                text(key)
+                check(inner, depth + 1)
+        elif isinstance(item, list):
+            for inner in item:
+                check(inner, depth + 1)
+        elif item is not None and not isinstance(item, (int, float, str, bool)):
+            raise ProtocolError(f"expected JSON data, got {type(item).__name__}")
+
+    if not isinstance(value, dict):
+        raise ProtocolError("expected an object")
+    check(value, 0)
+    return value
+
+
+USAGE_FIELDS = ("requests", "input_tokens", "output_tokens", "total_tokens")
+
+
+def usage(value: Any) -> dict[str, Any]:
+    """A turn's usage: its four counts and its two token details (objects, or null)."""
+    details = ("input_tokens_details", "output_tokens_details")
+    if not isinstance(value, dict) or set(value) != {*USAGE_FIELDS, *details}:
+        raise ProtocolError("expected a turn's usage")
+    checked: dict[str, Any] = {name: whole(value[name]) for name in USAGE_FIELDS}
+    checked.update({name: optional(_json_object)(value[name]) for name in details})
+    return checked
+
+
 def batch(value: Any) -> Batch:
     """A `Batch`: its lists of one length, its expiry an integer or null, its cap at least 1 or null."""
     try:
@@ -229,46 +276,65 @@ def wire_argument(value: Any) -> Any:
     return wired
 
 
-S, N, ITEMS = text, whole, many(text)
-_APPEND = (S, batch, S, flag)  # the session, the batch, its id and `resent`
+S, N, ITEMS, KEY = text, whole, many(text), session_key
+_APPEND = (KEY, batch, S, flag)  # the session (or branch), the batch, its id and `resent`
 
 APPEND = Operation[None](
     "append", writes.append, _APPEND, nothing, resend=True, batched=True, marks_local=False
 )
-NEWEST = Operation[list[str]]("newest", reads.newest, (S, N), ITEMS, resend=True)
-ALL_ITEMS = Operation[list[str]]("all_items", reads.all_items, (S,), ITEMS, resend=True, reports=True)
+NEWEST = Operation[list[str]]("newest", reads.newest, (KEY, N), ITEMS, resend=True)
+ALL_ITEMS = Operation[list[str]]("all_items", reads.all_items, (KEY,), ITEMS, resend=True, reports=True)
 SEARCH_PLACED = Operation[tuple[list[tuple[str, int]], int]](
-    "search_placed", reads.search_placed, (S, S, N), pair(many(pair(text, whole)), whole), resend=True
+    "search_placed", reads.search_placed, (KEY, S, N), pair(many(pair(text, whole)), whole), resend=True
 )
+# Every branch of the session, as the whole session.
 SUMMARY = Operation[tuple[int, int, int] | None](
-    "summary", reads.summary, (S,), optional(pair(N, N, N)), resend=True
+    "summary", branches.summary_all, (S,), optional(pair(N, N, N)), resend=True
 )
 # Sent again only if the owner died before it noted the item it pops (SharedFile.pop).
-POP = Operation[str | None]("pop", writes.pop, (S,), optional(text), resend=True, notes=True, noted=ROW)
-# Likewise, before it noted the newest item. The receipt's algorithm stays in the owner.
+POP = Operation[str | None]("pop", writes.pop, (KEY,), optional(text), resend=True, notes=True, noted=ROW)
+# Likewise, before it noted MAIN's newest item (every branch goes). The receipt's algorithm stays in the owner.
 CLEAR = Operation[str | None](
-    "clear", writes.clear, (S,), nothing, resend=True, notes=True, noted=whole, to_wire=_none
+    "clear", branches.clear_all, (S,), nothing, resend=True, notes=True, noted=whole, to_wire=_none
 )
 # These name the atom noted: doing them again finds it gone.
-POP_IF_NEWEST = Operation[str]("pop_if_newest", writes.pop_if_newest, (S, N), text, resend=True)
-CLEAR_THROUGH = Operation[None]("clear_through", writes.clear_through, (S, N), nothing, resend=True)
+POP_IF_NEWEST = Operation[str]("pop_if_newest", writes.pop_if_newest, (KEY, N), text, resend=True)
+CLEAR_THROUGH = Operation[None]("clear_through", branches.clear_through_all, (S, N), nothing, resend=True)
 NEWEST_ROWS = Operation[tuple[list[tuple[int, str]], bool]](
-    "newest_rows", suffix.newest_rows, (S, N), pair(many(ROW), flag), resend=True
+    "newest_rows", suffix.newest_rows, (KEY, N), pair(many(ROW), flag), resend=True
 )
 OLDEST_ROWS = Operation[list[tuple[int, str]]](
-    "oldest_rows", suffix.oldest_rows, (S, N, N, N), many(ROW), resend=True
+    "oldest_rows", suffix.oldest_rows, (KEY, N, N, N), many(ROW), resend=True
 )
 REPLACE_SUFFIX = Operation[bool](
     "replace_suffix",
     suffix.replace_suffix,
-    (S, many(ROW), batch, many(whole), S, flag),
+    (KEY, many(ROW), batch, many(whole), S, flag),
     flag,
     resend=True,
     batched=True,
 )
-# Its receipt is lost with the owner: the operator runs it again.
+# A branch's items with their ids and creation times (its turns, AdvancedSQLiteSession's).
+ITEM_ROWS = Operation[list[tuple[int, int, str]]](
+    "item_rows", branches.item_rows, (KEY,), many(pair(whole, whole, text)), resend=True
+)
+BRANCHES = Operation[list[tuple[str, int, int, int]]](
+    "branches", branches.listing, (S,), many(pair(text, whole, whole, whole)), resend=True
+)
+# Another attempt would find the name used: the caller looks (`list_branches`) and decides.
+BRANCH = Operation[str]("branch", branches.create, (S, S, N, optional(text)), text, resend=False)
+# Its receipt is lost with the owner, as an erasure's.
+DELETE_BRANCH = Operation[Erasure](
+    "delete_branch", branches.delete, (S, S), _ERASURE, resend=False, to_wire=_plain
+)
+# A turn's usage stored again replaces itself.
+STORE_USAGE = Operation[bool]("store_usage", usage_store.store, (KEY, usage), flag, resend=True)
+USAGE = Operation[list[tuple[str, int, dict[str, Any]]]](
+    "usage", branches.usage_of, (S, optional(text)), many(pair(text, whole, usage)), resend=True
+)
+# Its receipt is lost with the owner: the operator runs it again. Every branch goes.
 ERASE = Operation[Erasure | None](
-    "erase", writes.erase, (S, optional(text)), optional(_ERASURE), resend=False, to_wire=_plain
+    "erase", branches.erase_all, (S, optional(text)), optional(_ERASURE), resend=False, to_wire=_plain
 )
 # The file's: every session, or none.
 SESSION_IDS = Operation[list[str]](
@@ -303,6 +369,12 @@ OPERATIONS: dict[str, Operation[Any]] = {
         NEWEST_ROWS,
         OLDEST_ROWS,
         REPLACE_SUFFIX,
+        ITEM_ROWS,
+        BRANCHES,
+        BRANCH,
+        DELETE_BRANCH,
+        STORE_USAGE,
+        USAGE,
         ERASE,
         SESSION_IDS,
         SUMMARIES,

@@ -34,6 +34,7 @@ from ..shards import Ring, RingFile
 from ..storage.codec import Batch
 from ..storage.files import resolve_path
 from ..storage.local_file import LocalFile
+from ..storage.segments import SessionKey
 from . import operations as ops
 from . import served_files
 from .address import Secret, SocketKey
@@ -144,8 +145,8 @@ class SharedFile:
 
     # -- one session ----------------------------------------------------------------------
 
-    def append(self, session_id: str, batch: Batch) -> None:
-        self._call(ops.APPEND, session_id, batch, uuid.uuid4().hex)
+    def append(self, key: SessionKey, batch: Batch) -> None:
+        self._call(ops.APPEND, key, batch, uuid.uuid4().hex)
 
     def append_batch(self, session_id: str, batch: Batch, batch_id: str) -> None:
         """`append` under the caller's batch id, skipped if a batch with that id is already stored.
@@ -155,29 +156,49 @@ class SharedFile:
         """
         self._call(ops.APPEND, session_id, batch, batch_id, resent=True)
 
-    def newest_rows(self, session_id: str, limit: int) -> tuple[list[tuple[int, str]], bool]:
-        return self._call(ops.NEWEST_ROWS, session_id, limit)
+    def newest_rows(self, key: SessionKey, limit: int) -> tuple[list[tuple[int, str]], bool]:
+        return self._call(ops.NEWEST_ROWS, key, limit)
 
-    def oldest_rows(self, session_id: str, after: int, before: int, limit: int) -> list[tuple[int, str]]:
-        return self._call(ops.OLDEST_ROWS, session_id, after, before, limit)
+    def oldest_rows(self, key: SessionKey, after: int, before: int, limit: int) -> list[tuple[int, str]]:
+        return self._call(ops.OLDEST_ROWS, key, after, before, limit)
 
-    def replace_suffix(self, session_id: str, *args: Any) -> bool:
+    def replace_suffix(self, key: SessionKey, *args: Any) -> bool:
         """`storage.suffix.replace_suffix` under a new batch id: safe to send again."""
-        return self._call(ops.REPLACE_SUFFIX, session_id, *args, uuid.uuid4().hex)
+        return self._call(ops.REPLACE_SUFFIX, key, *args, uuid.uuid4().hex)
 
-    def newest(self, session_id: str, limit: int) -> list[str]:
-        return self._call(ops.NEWEST, session_id, limit)
+    def newest(self, key: SessionKey, limit: int) -> list[str]:
+        return self._call(ops.NEWEST, key, limit)
 
-    def all_items(self, session_id: str, progress: Progress | None = None) -> list[str]:
-        return self._call(ops.ALL_ITEMS, session_id, progress=progress)
+    def all_items(self, key: SessionKey, progress: Progress | None = None) -> list[str]:
+        return self._call(ops.ALL_ITEMS, key, progress=progress)
 
-    def search_placed(self, session_id: str, query: str, limit: int) -> tuple[list[tuple[str, int]], int]:
-        return self._call(ops.SEARCH_PLACED, session_id, query, limit)
+    def search_placed(self, key: SessionKey, query: str, limit: int) -> tuple[list[tuple[str, int]], int]:
+        return self._call(ops.SEARCH_PLACED, key, query, limit)
+
+    def item_rows(self, key: SessionKey) -> list[tuple[int, int, str]]:
+        return self._call(ops.ITEM_ROWS, key)
+
+    # -- a session's branches and usage (AdvancedSQLiteSession's) ------------------------
+
+    def branches(self, session_id: str) -> list[tuple[str, int, int, int]]:
+        return self._call(ops.BRANCHES, session_id)
+
+    def branch(self, session_id: str, source: str, turn: int, name: str | None) -> str:
+        return self._call(ops.BRANCH, session_id, source, turn, name)
+
+    def delete_branch(self, session_id: str, branch: str) -> Erasure:
+        return self._call(ops.DELETE_BRANCH, session_id, branch)
+
+    def store_usage(self, key: SessionKey, usage: dict[str, Any]) -> bool:
+        return self._call(ops.STORE_USAGE, key, usage)
+
+    def usage(self, session_id: str, branch: str | None) -> list[tuple[str, int, dict[str, Any]]]:
+        return self._call(ops.USAGE, session_id, branch)
 
     def summary(self, session_id: str) -> tuple[int, int, int] | None:
         return self._call(ops.SUMMARY, session_id)
 
-    def pop(self, session_id: str) -> str | None:
+    def pop(self, key: SessionKey) -> str | None:
         """Pop the newest item, in one call to the owner.
 
         The owner notes the item (its atom and payload) before it erases anything. If
@@ -187,10 +208,10 @@ class SharedFile:
         while True:
             noted: list[tuple[int, str]] = []
             try:
-                return self._call(ops.POP, session_id, noted=noted)
+                return self._call(ops.POP, key, noted=noted)
             except _GoneAfterNote:
                 atom, payload = noted[-1]
-            if self._call(ops.POP_IF_NEWEST, session_id, atom) != "moved":
+            if self._call(ops.POP_IF_NEWEST, key, atom) != "moved":
                 return payload  # popped now, or by the owner before it died
             # Still stored, no longer the newest: the owner died before popping it; pop again.
 
@@ -277,7 +298,7 @@ class SharedFile:
         to the next owner) if the owner had noted what it was about to erase.
         """
         if operation.session:
-            self.check_shard(args[0])  # before anything is read or written
+            self.check_shard(args[0] if isinstance(args[0], str) else args[0][0])  # before anything is done
         deadline: float | None = None
         note = None if noted is None else noted.append
         while True:

@@ -26,7 +26,7 @@ from .records import (
     RECORD_KINDS,
     CatalogRecord,
     parse_segment,
-    session_hid,
+    record_hid,
 )
 
 ATOM_KEYS = "their keys in the .citadel-atomkeys file are damaged or missing"
@@ -113,7 +113,7 @@ def audit(inventory: FileInventory) -> AuditVerdict:
     records = {}
     for _, payload in inventory.records.get((CATALOG_REGION, CATALOG_KIND), []):
         record = CatalogRecord.from_payload(payload)
-        records[session_hid(salt, record.session_id)] = record
+        records[record_hid(salt, record)] = record
     segments: dict[str, dict[int, str]] = defaultdict(dict)
     for name in inventory.regions:
         parsed = parse_segment(name)

@@ -22,6 +22,8 @@ ITEM_KIND = "item"
 BATCH_KIND = "batch"
 # Search data: a block of the embeddings and word hashes of items (search_blocks.py).
 SEARCH_KIND = "search"
+# A run's usage, in the segment of the user message that began its turn (usage.py).
+USAGE_KIND = "usage"
 
 
 def encode_item(item: Any, position: int) -> str:

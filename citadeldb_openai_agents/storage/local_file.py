@@ -43,7 +43,7 @@ from .records import FileRetention
 from .reembed import reembed_file
 from .search_upkeep import store_all_pending
 from .segment_cache import SessionState
-from .segments import SessionLayout
+from .segments import SessionKey, SessionLayout
 
 T = TypeVar("T")
 _log = logging.getLogger("citadeldb_openai_agents")
@@ -115,17 +115,23 @@ class LocalFile:
     # -- every session ----------------------------------------------------------------
 
     def session_ids(self) -> list[str]:
-        return sorted(
-            s.session_id for s in self._layout.states() if self._on_state(s, _listed, reads.has_live_item)
-        )
+        """Every session holding a live item, in any of its branches."""
+        states = self._layout.states()
+        return sorted({s.session_id for s in states if self._on_state(s, _listed, reads.has_live_item)})
 
     def summaries(self, progress: Progress | None = None) -> list[tuple[str, int, int, int]]:
-        """(id, items, first, last write) of every session holding an item, sorted by id."""
-        found = []
+        """(id, items, first, last write) of every session holding an item (its branches' counted
+        with it), sorted by id."""
+        found: dict[str, tuple[int, int, int]] = {}
         for state, summary in self._each(_listed, progress, reads.summary):
             if summary:
-                found.append((state.session_id, *summary))
-        return sorted(found)
+                held = found.get(state.session_id)
+                found[state.session_id] = (
+                    summary
+                    if held is None
+                    else (held[0] + summary[0], min(held[1], summary[1]), max(held[2], summary[2]))
+                )
+        return sorted((session_id, *summary) for session_id, summary in found.items())
 
     def purge(self, progress: Progress | None = None) -> PurgeReport:
         """Erase the sessions past their TTL (session mode) or idle time, each with a receipt, then
@@ -155,16 +161,24 @@ class LocalFile:
         pages = self._database.alone(lambda db: db.integrity_check())
         chain = self._database.on_owner_thread(audit_chain)
         verdicts: dict[str, int] = {}
-        sessions = []
+        counted: dict[str, tuple[int, int, int]] = {}  # a session's branches are counted with it
         for state, (expected, readable, found) in self._each(reads.inspect, progress):
-            if not expected:
-                continue
             for verdict, count in found.items():
                 verdicts[verdict] = verdicts.get(verdict, 0) + count
             not_authentic = sum(count for verdict, count in found.items() if verdict != "authentic")
-            cause = ATOM_KEYS if readable < expected else None
-            sessions.append(SessionIntegrity(state.session_id, expected, readable, not_authentic, cause))
-        sessions.sort(key=lambda session: session.session_id or "")
+            before = counted.get(state.session_id, (0, 0, 0))
+            counted[state.session_id] = (
+                before[0] + expected,
+                before[1] + readable,
+                before[2] + not_authentic,
+            )
+        sessions = [
+            SessionIntegrity(
+                session_id, expected, readable, wrong, ATOM_KEYS if readable < expected else None
+            )
+            for session_id, (expected, readable, wrong) in sorted(counted.items())
+            if expected
+        ]
         try:
             held, ledgered = self.erased_still_held(), []
         except LedgerError as exc:  # reported, like any other damage found
@@ -183,12 +197,12 @@ class LocalFile:
         by_hid: dict[str, list[LedgerEntry]] = {}
         for entry in entries:
             by_hid.setdefault(entry.session, []).append(entry)
-        held = {}
-        for state in self._layout.states():
+        held: dict[str, int] = {}
+        for state in self._layout.states():  # a session's branches are counted with it
             if state.hid in by_hid:
                 count = len(self._on_state(state, suffix.ledger_erased, by_hid[state.hid]))
                 if count:
-                    held[state.session_id] = count
+                    held[state.session_id] = held.get(state.session_id, 0) + count
         return held
 
     def ledger_entries(self, path: str) -> list[LedgerEntry]:
@@ -198,11 +212,10 @@ class LocalFile:
     def replay(self, entries: list[LedgerEntry]) -> dict[str, int]:
         """Erase what `entries` name (a restored backup's); per session the items erased."""
         held = self.erased_still_held(entries)
-        for session_id in held:
-            hid = self._layout.state(session_id).hid
-            self.on_session(
-                session_id, suffix.erase_ledgered, [entry for entry in entries if entry.session == hid]
-            )
+        for state in self._layout.states():
+            if state.session_id in held:
+                named = [entry for entry in entries if entry.session == state.hid]
+                self._on_state(state, suffix.erase_ledgered, named)
         self.purge_expired()
         return held
 
@@ -246,13 +259,14 @@ class LocalFile:
 
     # -- plumbing ---------------------------------------------------------------------
 
-    def on_session(self, session_id: str, operation: Callable[..., T], *args: Any) -> T:
+    def on_session(self, key: SessionKey, operation: Callable[..., T], *args: Any) -> T:
         """`operation(layout, memory, state, *args)` on the session, under its lock (a storage
         function of reads.py, writes.py or suffix.py: serving/operations.py names which).
 
-        A session past its TTL (session mode) or idle time is erased first: nothing reads it again.
+        `key` is the session's id, or ``(id, branch)`` for one of its branches (segments.py). A
+        session (or branch) past its TTL or idle time is erased first: nothing reads it again.
         """
-        state = self._layout.state(session_id)
+        state = self._layout.state(key)
         with self._database.operation() as memory, state.lock:
             if retention.ended(self._layout, memory, state):
                 writes.clear(self._layout, memory, state)
@@ -289,8 +303,8 @@ def _erase_ended(database: OpenDatabase, layout: SessionLayout) -> list[EndedSes
             rule = layout.retention.rule(None if state.record is None else state.record.retention)
             erasure = writes.erase(layout, memory, state)
         if erasure is not None:
-            ended.append(EndedSession(state.session_id, rule or "ttl", erasure))
-    return sorted(ended, key=lambda session: session.session_id)
+            ended.append(EndedSession(state.session_id, rule or "ttl", erasure, state.branch))
+    return sorted(ended, key=lambda session: (session.session_id, session.branch))
 
 
 def _private_backup(db: citadeldb.Database, path: str, target: str) -> None:

@@ -13,7 +13,7 @@ from citadeldb.memory import AtomHit, Memory
 from ..embedders.protocol import embed_query
 from ..results import Progress
 from . import search_upkeep
-from .codec import ITEM_KIND
+from .codec import ITEM_KIND, decode_item
 from .completeness import now_micros
 from .records import segment_name
 from .search_blocks import word_hashes
@@ -84,6 +84,26 @@ def all_items(
         for number, (writes, found) in fetched.items():
             layout.caches.payloads_read(state, number, found, writes)
     return payloads
+
+
+def item_hits(layout: SessionLayout, memory: Memory, state: SessionState) -> list[AtomHit]:
+    """Every live item, oldest first, with its id, creation and expiry (not kept: a branch's
+    structure and its usage need these, not the session's turns); checked whole."""
+    read: dict[int, list[int]] = {}
+    found: list[AtomHit] = []
+    for number in state.segments:
+        got = layout.live_hits(memory, state, number)
+        read[number] = [hit.id for hit in got]
+        found.extend(got)
+    if read:
+        layout.completeness.check(state, read)
+    return found
+
+
+def starts_turn(payload: str) -> bool:
+    """Whether an item is a user message: `AdvancedSQLiteSession`'s turns start there."""
+    item = decode_item(payload)
+    return isinstance(item, dict) and item.get("role") == "user"
 
 
 def summary(layout: SessionLayout, memory: Memory, state: SessionState) -> tuple[int, int, int] | None:

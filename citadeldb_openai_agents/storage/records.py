@@ -33,10 +33,18 @@ SEGMENT_PREFIX = "coa.s."
 RECORD_KINDS = {META_REGION: META_KIND, CATALOG_REGION: CATALOG_KIND}
 
 
-def session_hid(salt: bytes, session_id: str) -> str:
-    """A session's region-name stem: reveals nothing (and confirms no guess) without the file's salt."""
-    digest = hmac.new(salt, session_id.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
-    return digest[:32]
+MAIN = "main"  # the branch every session has, stored as the session itself (no branch in its record)
+
+
+def session_hid(salt: bytes, session_id: str, branch: str = MAIN) -> str:
+    """A session's (or one of its branches') region-name stem: reveals nothing, and confirms no
+    guess, without the file's salt. A branch's is keyed apart (its own key, derived from the
+    salt), so no session id, whatever its text, names another session's branch."""
+    if branch == MAIN:
+        key, text = salt, session_id
+    else:
+        key, text = hmac.new(salt, b"coa.branch", hashlib.sha256).digest(), json.dumps([session_id, branch])
+    return hmac.new(key, text.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()[:32]
 
 
 def segment_name(hid: str, number: int) -> str:
@@ -125,6 +133,8 @@ class CatalogRecord:
     """
 
     session_id: str
+    # The branch this record's segments hold (AdvancedSQLiteSession's): MAIN is the session itself.
+    branch: str = MAIN
     # The session's live segment numbers, ascending; None in a format-1 record (then
     # every segment of the session is live).
     segments: list[int] | None = field(default_factory=list)
@@ -140,6 +150,10 @@ class CatalogRecord:
     # pop is a write, and its session's TTL or idle time counts from it (retention.py).
     retention: Retention | None = None
     touched: int | None = None
+    # MAIN's record: every branch name the session has used (never used again, as the SDK's).
+    branches: list[str] = field(default_factory=list)
+    # Whether the segments hold usage atoms (a run's tokens, usage.py): a pop then looks for them.
+    usage: bool = False
 
     def to_payload(self) -> dict[str, Any]:
         payload: dict[str, Any] = {
@@ -154,6 +168,12 @@ class CatalogRecord:
             payload["retention"] = self.retention.to_payload()
         if self.touched is not None:
             payload["touched"] = self.touched
+        if self.branch != MAIN:
+            payload["branch"] = self.branch
+        if self.branches:
+            payload["branches"] = self.branches
+        if self.usage:
+            payload["usage"] = True
         try:
             self.session_id.encode("utf-8")
             payload["session"] = self.session_id
@@ -179,4 +199,12 @@ class CatalogRecord:
             replacing=payload.get("replacing"),
             retention=Retention.from_payload(payload["retention"]) if "retention" in payload else None,
             touched=payload.get("touched"),
+            branch=payload.get("branch", MAIN),
+            branches=list(payload.get("branches", ())),
+            usage=bool(payload.get("usage")),
         )
+
+
+def record_hid(salt: bytes, record: CatalogRecord) -> str:
+    """The region-name stem of the session (or branch) `record` describes."""
+    return session_hid(salt, record.session_id, record.branch)

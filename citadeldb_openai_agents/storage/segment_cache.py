@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from .records import CatalogRecord, segment_name
+from .records import MAIN, CatalogRecord, segment_name
 from .search_index import SegmentIndex
 
 # Bytes of payload text and search entries held per open file: about 300,000 items'
@@ -107,6 +107,7 @@ class SessionState:
 
     session_id: str
     hid: str
+    branch: str = MAIN  # a branch of the session other than MAIN is a state of its own
     segments: list[int] = field(default_factory=list)
     catalog_id: int | None = None
     record: CatalogRecord | None = None

@@ -50,6 +50,7 @@ from .records import (
     CATALOG_KIND,
     CATALOG_REGION,
     LAYOUT_FORMAT,
+    MAIN,
     META_KIND,
     META_REGION,
     CatalogRecord,
@@ -62,6 +63,21 @@ from .search_index import SegmentIndex
 from .segment_cache import SegmentCache, SegmentCaches, SessionState, live_ids
 
 SEGMENT_CAPACITY = 256
+
+# A session's id, or a branch of it: (id, branch). On the wire, a list of two.
+SessionKey = str | tuple[str, str]
+
+
+def split_key(key: SessionKey) -> tuple[str, str]:
+    """(session id, branch) of a key."""
+    return (key, MAIN) if isinstance(key, str) else (key[0], key[1])
+
+
+def key_of(session_id: str, branch: str) -> SessionKey:
+    """The key of a session's branch: the id alone for MAIN."""
+    return session_id if branch == MAIN else (session_id, branch)
+
+
 ALL = 2**63 - 1  # fetch's default limit is 100; "everything" must be asked for.
 
 logger = logging.getLogger("citadeldb_openai_agents")
@@ -95,7 +111,7 @@ class SessionLayout:
         self.completeness = CompletenessCheck(rows, self.caches, path)
         self._attached: set[str] = set()
         self._states: dict[str, SessionState] = {}  # by hid
-        self._by_id: dict[str, SessionState] = {}
+        self._by_id: dict[SessionKey, SessionState] = {}
         self._states_lock = threading.Lock()
         self._attach(memory, META_REGION)
         self._attach(memory, CATALOG_REGION)
@@ -159,7 +175,7 @@ class SessionLayout:
                 )
         for hit in memory.fetch(CATALOG_REGION, CATALOG_KIND, limit=ALL):
             record = CatalogRecord.from_payload(hit.payload)
-            state = self._new_state(record.session_id)
+            state = self._new_state(record.session_id, record.branch)
             state.catalog_id, state.record = hit.id, record
         for name in _region_names(memory, verdict.leftovers):
             parsed = parse_segment(name)
@@ -184,7 +200,7 @@ class SessionLayout:
                 # A clear a crash interrupted: its segments went above, its record goes last.
                 memory.forget(CATALOG_REGION, [state.catalog_id])
                 self._states.pop(state.hid)
-                self._by_id.pop(state.session_id)
+                self._by_id.pop(key_of(state.session_id, state.branch))
 
     def _upgrade(self, memory: Memory) -> None:
         """Rewrite a format-1 file's catalog records as format 2 (idempotent; the layout record last)."""
@@ -200,30 +216,43 @@ class SessionLayout:
         memory.update_atom_payload(META_REGION, self._meta_id, meta)
         logger.info("upgraded %s to layout format %d", self.path, LAYOUT_FORMAT)
 
-    def hid(self, session_id: str) -> str:
-        """The session's region-name stem: reveals nothing without the file's salt."""
-        return session_hid(self._salt, session_id)
+    def hid(self, session_id: str, branch: str = MAIN) -> str:
+        """The session's (or branch's) region-name stem: reveals nothing without the file's salt."""
+        return session_hid(self._salt, session_id, branch)
 
-    def _new_state(self, session_id: str) -> SessionState:
-        hid = self.hid(session_id)
+    def _new_state(self, session_id: str, branch: str = MAIN) -> SessionState:
+        hid = self.hid(session_id, branch)
         state = self._states.get(hid)
         if state is None:
-            state = SessionState(session_id=session_id, hid=hid)
+            state = SessionState(session_id=session_id, hid=hid, branch=branch)
             self._states[hid] = state
-            self._by_id[session_id] = state
+            self._by_id[key_of(session_id, branch)] = state
         return state
 
-    def state(self, session_id: str) -> SessionState:
-        """The (possibly empty) state of a session, created on first use."""
-        state = self._by_id.get(session_id)  # skips the HMAC on every call but the first
+    def state(self, key: SessionKey) -> SessionState:
+        """The (possibly empty) state of a session, or of one of its branches (``(id, branch)``),
+        created on first use."""
+        state = self._by_id.get(key)  # skips the HMAC on every call but the first
         if state is not None:
             return state
         with self._states_lock:
-            return self._new_state(session_id)
+            return self._new_state(*split_key(key))
 
     def states(self) -> list[SessionState]:
         with self._states_lock:
             return list(self._states.values())
+
+    def branches(self, session_id: str) -> list[SessionState]:
+        """The session's branches other than MAIN that this file holds, by name."""
+        with self._states_lock:
+            found = [s for s in self._states.values() if s.session_id == session_id and s.branch != MAIN]
+        return sorted(found, key=lambda state: state.branch)
+
+    def forget_state(self, state: SessionState) -> None:
+        """A branch deleted: its state goes (its name stays used, in MAIN's record)."""
+        with self._states_lock:
+            self._states.pop(state.hid, None)
+            self._by_id.pop(key_of(state.session_id, state.branch), None)
 
     def write_record(self, memory: Memory, state: SessionState) -> None:
         """Store the session's record (creating its catalog atom on first use)."""
@@ -237,7 +266,7 @@ class SessionLayout:
 
     def record(self, state: SessionState) -> CatalogRecord:
         if state.record is None:
-            state.record = CatalogRecord(state.session_id)
+            state.record = CatalogRecord(state.session_id, state.branch)
         return state.record
 
     def region(self, memory: Memory, state: SessionState, number: int) -> str:

@@ -15,12 +15,13 @@ from citadeldb.memory import Memory
 from ..embedders.protocol import embed_documents
 from ..errors import MoveConflictError
 from ..results import Erasure
-from . import retention, search_upkeep
+from . import retention, search_upkeep, usage
 from .codec import (
     BATCH_KIND,
     ITEM_KIND,
     QUESTION_LOOKBACK,
     SEARCH_KIND,
+    USAGE_KIND,
     Batch,
     answers_a_call,
     decode_item,
@@ -205,8 +206,10 @@ def pop(
             layout.drop_segment(memory, state, number)
             return str(hit.payload)
         with layout.caches.writing(state, number) as cached:
-            # Its search data goes in the same forget (the block's other entries wait in memory).
+            # Its search data and its turn's usage go in the same forget (the block's other
+            # entries wait in memory).
             blocks = search_upkeep.take_out(layout, memory, state, number, [hit.id])
+            blocks += usage.popped(layout, memory, state, number, hit)
             record.erasing = [hit.id, *blocks]  # announced: a crash mid-erasure is not damage
             layout.write_record(memory, state)
             receipt = memory.forget(layout.region(memory, state, number), [hit.id, *blocks])
@@ -332,9 +335,13 @@ def erase(
     erased = {
         number: [hit.id for hit in layout.live_hits(memory, state, number)] for number in state.segments
     }
-    # The items' search data is read back too: no derived copy may survive them.
+    # The items' search data (and their turns' usage) is read back too: no copy may survive them.
     derived = {
-        number: [hit.id for hit in memory.fetch(layout.region(memory, state, number), SEARCH_KIND, limit=ALL)]
+        number: [
+            hit.id
+            for kind in (SEARCH_KIND, USAGE_KIND)
+            for hit in memory.fetch(layout.region(memory, state, number), kind, limit=ALL)
+        ]
         for number in state.segments
     }
     algorithm = clear(layout, memory, state) or "AES-256-KW(RFC3394)"
@@ -371,7 +378,8 @@ def purge_expired(layout: SessionLayout, memory: Memory, state: SessionState) ->
         _evict_expired(layout, memory, state, number)
         if not layout.has_live(memory, state, number):
             layout.drop_segment(memory, state, number)
-    if not state.segments and state.catalog_id is not None:
+    # The record goes with the last segment, unless it lists the names of branches still held.
+    if not state.segments and state.catalog_id is not None and not layout.branches(state.session_id):
         memory.forget(CATALOG_REGION, [state.catalog_id])
         state.catalog_id = None
         state.record = state.last_write = None

@@ -1,0 +1,201 @@
+"""A session's branches (`AdvancedSQLiteSession`'s): each a history of its own, in segments of its own.
+
+A session is its MAIN branch; another branch is a state of its own (segments.py, keyed
+``(id, branch)``), written, read, searched, compacted, capped and expired as any session is.
+Creating one copies the items before the turn it starts from into it, with their expiry (a
+copy never outlives the item it copies), so deleting it, or the item it copied from, is a
+cryptographic erasure that touches nothing else. Every name a session used stays used
+(MAIN's record lists them), as the SDK's ``branch_reservations``; an erasure of the session
+erases them with it.
+
+The functions here that touch several branches run on MAIN's state, under its lock, and
+take each branch's lock in turn: every operation that holds two locks holds MAIN's first,
+so no two of them wait on each other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from itertools import groupby
+from typing import Any
+
+from citadeldb.memory import Memory
+
+from ..errors import BranchError, MoveConflictError
+from ..results import Erasure
+from . import reads, retention, usage, writes
+from .codec import batch_of_payloads
+from .reads import item_hits, starts_turn
+from .records import MAIN
+from .segment_cache import SessionState
+from .segments import SEGMENT_CAPACITY, SessionLayout
+
+
+def item_rows(layout: SessionLayout, memory: Memory, state: SessionState) -> list[tuple[int, int, str]]:
+    """(atom id, creation in µs, payload) of every live item of a branch, oldest first."""
+    return [(hit.id, hit.created_at, str(hit.payload)) for hit in item_hits(layout, memory, state)]
+
+
+@contextmanager
+def locked(layout: SessionLayout, memory: Memory, main: SessionState, state: SessionState) -> Iterator[None]:
+    """`state` under its lock, MAIN's being held already (MAIN's own is not taken twice); a
+    branch past its TTL or idle time is erased first, as `LocalFile.on_session` erases a session."""
+    with contextlib.nullcontext() if state is main else state.lock:
+        if state is not main and retention.ended(layout, memory, state):
+            writes.clear(layout, memory, state)
+        yield
+
+
+def every_branch(layout: SessionLayout, main: SessionState) -> list[SessionState]:
+    """MAIN (first) and the session's other branches."""
+    return [main, *layout.branches(main.session_id)]
+
+
+def create(
+    layout: SessionLayout, memory: Memory, main: SessionState, source: str, turn: int, name: str | None
+) -> str:
+    """A new branch of the items of `source` before its user turn `turn`; returns its name.
+
+    Raises `BranchError`: no user message starts turn `turn` in `source`, or `name` was used.
+    """
+    origin = main if source == MAIN else layout.state((main.session_id, source))
+    with locked(layout, memory, main, origin):
+        found = item_hits(layout, memory, origin)
+        retention = None if origin.record is None else origin.record.retention
+    starts = [index for index, hit in enumerate(found) if starts_turn(str(hit.payload))]
+    if not 1 <= turn <= len(starts):
+        raise BranchError(f"Turn {turn} does not contain a user message in branch '{source}'")
+    chosen = _reserve(layout, memory, main, name, turn)
+    target = layout.state((main.session_id, chosen))
+    with locked(layout, memory, main, target):
+        copied = found[: starts[turn - 1]]
+        for expires_at, group in groupby(copied, key=lambda hit: hit.expires_at):
+            run = [str(hit.payload) for hit in group]
+            for start in range(0, len(run), SEGMENT_CAPACITY):
+                batch = batch_of_payloads(run[start : start + SEGMENT_CAPACITY], expires_at)
+                writes.append(layout, memory, target, replace(batch, retention=retention))
+    return chosen
+
+
+def _reserve(layout: SessionLayout, memory: Memory, main: SessionState, name: str | None, turn: int) -> str:
+    """Record `name` (or a new one) as used by the session; `BranchError` if it was used before."""
+    record = layout.record(main)
+    used = {MAIN, *record.branches}
+    if name is not None and name in used:
+        raise BranchError(f"Branch ID '{name}' has already been used. Choose a new branch ID.")
+    if name is None:
+        base = name = f"branch_from_turn_{turn}_{int(time.time())}"
+        suffix = 1
+        while name in used:
+            suffix += 1
+            name = f"{base}_{suffix}"
+    record.branches.append(name)
+    layout.write_record(memory, main)
+    return name
+
+
+def delete(layout: SessionLayout, memory: Memory, main: SessionState, branch: str) -> Erasure:
+    """Erase a branch other than MAIN, keys destroyed, with a receipt (its name stays used)."""
+    target = layout.state((main.session_id, branch))
+    with locked(layout, memory, main, target):
+        erasure = writes.erase(layout, memory, target) if target.segments else None
+        if erasure is None:
+            raise BranchError(f"Branch '{branch}' does not exist")
+        layout.forget_state(target)
+    return erasure
+
+
+def listing(layout: SessionLayout, memory: Memory, main: SessionState) -> list[tuple[str, int, int, int]]:
+    """(name, items, user messages, first item's creation in µs) of each branch holding items,
+    the oldest first (a branch's first items are the copies made when it was created)."""
+    found = []
+    for state in every_branch(layout, main):
+        with locked(layout, memory, main, state):
+            held = item_hits(layout, memory, state)
+        if held:
+            users = sum(starts_turn(str(hit.payload)) for hit in held)
+            found.append((state.branch, len(held), users, min(hit.created_at for hit in held)))
+    return sorted(found, key=lambda branch: (branch[3], branch[0]))
+
+
+def clear_all(
+    layout: SessionLayout,
+    memory: Memory,
+    main: SessionState,
+    before_erasing: Callable[[int], None] | None = None,
+) -> str | None:
+    """Erase the whole session: every branch, then MAIN (`writes.clear` tells `before_erasing`)."""
+    for state in layout.branches(main.session_id):
+        with locked(layout, memory, main, state):
+            writes.clear(layout, memory, state)
+            layout.forget_state(state)
+    return writes.clear(layout, memory, main, before_erasing)
+
+
+def clear_through_all(layout: SessionLayout, memory: Memory, main: SessionState, through: int) -> None:
+    """A clear the owner began and died in: the branches whole, MAIN up to `through`."""
+    for state in layout.branches(main.session_id):
+        with locked(layout, memory, main, state):
+            writes.clear(layout, memory, state)
+            layout.forget_state(state)
+    writes.clear_through(layout, memory, main, through)
+
+
+def erase_all(
+    layout: SessionLayout, memory: Memory, main: SessionState, expected: str | None = None
+) -> Erasure | None:
+    """`writes.erase` of every branch, one receipt for them all; None when the file holds nothing.
+
+    A move (`expected`) takes MAIN alone: a session with other branches is refused.
+    """
+    branches = layout.branches(main.session_id)
+    if expected is not None and branches:
+        raise MoveConflictError(
+            f"session {main.session_id!r} has branches ({', '.join(s.branch for s in branches)}), which a "
+            "move does not copy; nothing was erased. Delete them first, or export and import the file."
+        )
+    receipts = []
+    for state in [*branches, main]:
+        with locked(layout, memory, main, state):
+            receipt = writes.erase(layout, memory, state, expected if state is main else None)
+            if state is not main:
+                layout.forget_state(state)
+        if receipt is not None:
+            receipts.append(receipt)
+    if not receipts:
+        return None
+    return Erasure(
+        items_erased=sum(r.items_erased for r in receipts),
+        regions_dropped=sum(r.regions_dropped for r in receipts),
+        algorithm=receipts[-1].algorithm,
+        readback_confirmed=all(r.readback_confirmed for r in receipts),
+    )
+
+
+def summary_all(layout: SessionLayout, memory: Memory, main: SessionState) -> tuple[int, int, int] | None:
+    """`reads.summary` over every branch: the items held, the first write, the last; None: none."""
+    found = []
+    for state in every_branch(layout, main):
+        with locked(layout, memory, main, state):
+            summary = reads.summary(layout, memory, state)
+        if summary is not None:
+            found.append(summary)
+    if not found:
+        return None
+    return sum(s[0] for s in found), min(s[1] for s in found), max(s[2] for s in found)
+
+
+def usage_of(
+    layout: SessionLayout, memory: Memory, main: SessionState, branch: str | None
+) -> list[tuple[str, int, dict[str, Any]]]:
+    """(branch, turn, usage) of each turn with usage stored, of one branch or (None) of all."""
+    found = []
+    for state in every_branch(layout, main):
+        if branch is None or state.branch == branch:
+            with locked(layout, memory, main, state):
+                found += [(state.branch, turn, used) for turn, used in usage.by_turn(layout, memory, state)]
+    return found

@@ -1,0 +1,336 @@
+"""AdvancedSQLiteSession's branches, turns and usage on CitadelSession (issue 29).
+
+One script runs against the SDK's own AdvancedSQLiteSession and against ours, in this
+process and through another process that owns the file, and every answer is compared
+(times aside: the SDK's come from SQLite's clock, ours from Citadel's). Then what the SDK
+cannot show: a deleted branch's keys are destroyed, usage is encrypted, compaction and
+search keep to the current branch, and everything survives a restart.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from agents import Agent, Runner
+from agents.extensions.memory.advanced_sqlite_session import AdvancedSQLiteSession
+from agents.testing import ScriptedModel, assistant_message
+from agents.usage import Usage
+from test_compaction import SDK_HAS_THE_HOOK
+from test_erasure import memory_of, stored_ids, verdicts_after_recreating
+from test_serving import owner_running
+
+from citadeldb_openai_agents import BranchError, CitadelSessionStore, MoveConflictError
+
+from conftest import KEY
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": text}
+
+
+def answer(text: str) -> dict[str, Any]:
+    return {"role": "assistant", "content": text, "type": "message"}
+
+
+def call(number: str, name: str) -> dict[str, Any]:
+    return {"type": "function_call", "call_id": number, "name": name, "arguments": "{}"}
+
+
+def output(number: str) -> dict[str, Any]:
+    return {"type": "function_call_output", "call_id": number, "output": "ok"}
+
+
+def run_result(requests: int, tokens_in: int, tokens_out: int) -> Any:
+    """What `store_run_usage` reads of a `RunResult`: its context's usage."""
+    usage = Usage(
+        requests=requests,
+        input_tokens=tokens_in,
+        output_tokens=tokens_out,
+        total_tokens=tokens_in + tokens_out,
+    )
+    return SimpleNamespace(context_wrapper=SimpleNamespace(usage=usage))
+
+
+async def answers(session: Any) -> list[tuple[str, Any]]:
+    """Every answer the script gets, times left out (SQLite's clock against Citadel's)."""
+    log: list[tuple[str, Any]] = []
+
+    async def attempt(label: str, step: Any, *, result: bool = True) -> None:
+        """The step's result (or only that it succeeded), or its error."""
+        try:
+            done = await step
+            log.append((label, done if result else "done"))
+        except ValueError as exc:  # the SDK's errors are ValueErrors, ours BranchError (one too)
+            log.append((label, f"ValueError: {exc}"))
+
+    def turns(found: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+        return [(t["turn"], t["content"], t["full_content"], t["can_branch"]) for t in found]
+
+    async def branches() -> list[tuple[Any, ...]]:
+        listed = await session.list_branches()
+        return sorted((b["branch_id"], b["message_count"], b["user_turns"], b["is_current"]) for b in listed)
+
+    await session.add_items([user("hello there"), answer("hi")])
+    await session.store_run_usage(run_result(1, 10, 5))
+    await session.add_items(
+        [user("what is the weather " + "x" * 120), call("c1", "weather"), output("c1"), answer("sunny")]
+    )
+    await session.store_run_usage(run_result(2, 20, 7))
+    await session.store_run_usage(run_result(3, 30, 9))  # the same turn's again: replaces it
+    await session.add_items([user("and tomorrow?"), call("c2", "weather"), output("c2"), call("c3", "news")])
+    await session.add_items([output("c3"), answer("rain")])
+    await session.store_run_usage(run_result(1, 5, 5))
+    log.append(("turns", turns(await session.get_conversation_turns())))
+    log.append(("by turns", await session.get_conversation_by_turns()))
+    log.append(("tools", sorted(await session.get_tool_usage(), key=lambda row: (row[2], row[0]))))
+    log.append(("found", turns(await session.find_turns_by_content("WEATHER"))))
+    log.append(("usage", await session.get_session_usage()))
+    log.append(("turn 2", await session.get_turn_usage(2)))
+    log.append(("turn 9", await session.get_turn_usage(9)))
+    log.append(("every turn", await session.get_turn_usage()))
+    await attempt("branch", session.create_branch_from_turn(2, "alt"))
+    log.append(("on alt", await session.get_items()))
+    await session.add_items([user("what about snow"), answer("no snow")])
+    await session.store_run_usage(run_result(4, 40, 4))
+    log.append(("alt", await session.get_items()))
+    log.append(("alt newest", await session.get_items(1)))
+    log.append(("main", await session.get_items(branch_id="main")))
+    log.append(("branches", await branches()))
+    log.append(("alt usage", await session.get_turn_usage()))
+    log.append(("main usage", await session.get_turn_usage(branch_id="main")))
+    log.append(("all usage", await session.get_session_usage()))
+    log.append(("alt's usage", await session.get_session_usage("alt")))
+    await attempt("name used", session.create_branch_from_turn(1, "alt"))
+    await attempt("no such turn", session.create_branch_from_turn(7, "other"))
+    await attempt("by content", session.create_branch_from_content("snow", "snowy"))
+    log.append(("snowy", await session.get_items()))
+    await attempt("no content", session.create_branch_from_content("hail"))
+    await attempt(
+        "current", session.delete_branch("snowy"), result=False
+    )  # ours returns a receipt, the SDK None
+    await attempt("main", session.delete_branch("main"), result=False)  # ours returns a receipt, the SDK None
+    await attempt("empty", session.delete_branch(""), result=False)  # ours returns a receipt, the SDK None
+    await attempt("switch", session.switch_to_branch("alt"))
+    log.append(("pops", [await session.pop_item(), await session.pop_item()]))  # turn 2 of alt empties
+    log.append(("alt usage after", await session.get_turn_usage()))
+    await attempt(
+        "delete", session.delete_branch("snowy"), result=False
+    )  # ours returns a receipt, the SDK None
+    await attempt(
+        "delete again", session.delete_branch("snowy"), result=False
+    )  # ours returns a receipt, the SDK None
+    await attempt("switch to deleted", session.switch_to_branch("snowy"))
+    await attempt("name of a deleted branch", session.create_branch_from_turn(1, "snowy"))
+    log.append(("branches after", await branches()))
+    await attempt(
+        "force", session.delete_branch("alt", force=True), result=False
+    )  # ours returns a receipt, the SDK None
+    log.append(("after force", await session.get_items(1)))
+    await attempt("a branch to clear", session.create_branch_from_turn(2, "last"))
+    await session.add_items([user("cleared with the rest"), answer("gone")])
+    await session.clear_session()
+    log.append(
+        (
+            "cleared",
+            (await session.get_items(), await session.list_branches(), await session.get_session_usage()),
+        )
+    )
+    return log
+
+
+async def test_the_branch_turn_and_usage_api_answers_as_advanced_sqlite_session_does(
+    tmp_path: Path, make_store: Any
+) -> None:
+    theirs = await answers(
+        AdvancedSQLiteSession(session_id="s", db_path=str(tmp_path / "sdk.db"), create_tables=True)
+    )
+    ours = await answers(make_store().session("s"))
+    assert [label for label, _ in ours] == [label for label, _ in theirs]
+    for (label, mine), (_, sdk) in zip(ours, theirs, strict=True):
+        assert mine == sdk, label
+
+
+async def newer_answers(session: Any) -> list[Any]:
+    """Where openai-agents changed its answers (0.24 against 0.21): we give 0.24's."""
+    found: list[Any] = []
+    await session.store_run_usage(run_result(1, 1, 1))  # no turn yet: 0.24 stores nothing
+    found.append(await session.get_session_usage())
+    await session.add_items([user("one"), answer("1")])
+    try:
+        await session.create_branch_from_turn(1, "  ")
+    except ValueError as exc:
+        found.append(str(exc))
+    return found
+
+
+async def test_where_the_sdk_changed_its_answers_ours_are_its_newest(tmp_path: Path, make_store: Any) -> None:
+    ours = await newer_answers(make_store().session("s"))
+    assert ours == [None, "Branch name cannot be empty"]
+    release = tuple(int(part) for part in importlib.metadata.version("openai-agents").split(".")[:2])
+    if release >= (0, 24):
+        sdk = AdvancedSQLiteSession(session_id="s", db_path=str(tmp_path / "sdk.db"), create_tables=True)
+        assert await newer_answers(sdk) == ours
+
+
+OWNER = textwrap.dedent(
+    """
+    import sys
+    from citadeldb_openai_agents import CitadelSessionStore
+    store = CitadelSessionStore(sys.argv[1], sys.argv[2], argon2_profile="iot")
+    print("ready", flush=True)
+    sys.stdin.read()
+    """
+)
+
+
+async def test_a_client_gets_the_same_answers_through_the_owner(tmp_path: Path, db_path: Path) -> None:
+    theirs = await answers(
+        AdvancedSQLiteSession(session_id="s", db_path=str(tmp_path / "sdk.db"), create_tables=True)
+    )
+    with owner_running(OWNER, db_path) as owner, CitadelSessionStore(db_path, KEY) as client:
+        assert client.served_by == owner.pid
+        ours = await answers(client.session("s"))
+    assert ours == theirs
+
+
+async def test_deleting_a_branch_destroys_its_items_keys_and_returns_a_receipt(make_store: Any) -> None:
+    store = make_store()
+    session = store.session("s")
+    await session.add_items([user("one"), answer("1"), user("two"), answer("2")])
+    await session.create_branch_from_turn(2, "alt")
+    await session.add_items([user("a secret on the branch"), answer("kept there")])
+    branch = stored_ids(store, ("s", "alt"))
+    main = stored_ids(store, "s")
+    await session.switch_to_branch("main")
+    receipt = await session.delete_branch("alt")
+    assert (receipt.items_erased, receipt.readback_confirmed) == (4, True)
+    assert verdicts_after_recreating(store, branch) == {"missing"}, "erased, not hidden"
+    assert stored_ids(store, "s") == main
+    assert [b["branch_id"] for b in await session.list_branches()] == ["main"]
+
+
+async def test_a_sessions_erasure_takes_every_branch_with_it(make_store: Any) -> None:
+    store = make_store()
+    session = store.session("s")
+    await session.add_items([user("one"), answer("1"), user("two"), answer("2")])
+    await session.create_branch_from_turn(2, "alt")
+    await session.add_items([user("three"), answer("3")])
+    held = {**stored_ids(store, "s"), **stored_ids(store, ("s", "alt"))}
+    assert [(s.session_id, s.items) for s in store.sessions()] == [("s", 8)]
+    receipt = store.erase_session("s")
+    assert (receipt.items_erased, receipt.readback_confirmed) == (8, True)
+    assert verdicts_after_recreating(store, held) == {"missing"}
+    assert store.sessions() == [] and await session.list_branches() == []
+
+
+async def test_clearing_a_session_destroys_every_branchs_keys(make_store: Any) -> None:
+    store = make_store()
+    session = store.session("s")
+    await session.add_items([user("one"), answer("1"), user("two"), answer("2")])
+    await session.create_branch_from_turn(2, "alt")
+    await session.add_items([user("on the branch"), answer("also")])
+    held = {**stored_ids(store, "s"), **stored_ids(store, ("s", "alt"))}
+    await session.clear_session()
+    assert session.current_branch == "main"
+    assert await session.get_items(branch_id="alt") == [] and await session.list_branches() == []
+    assert verdicts_after_recreating(store, held) == {"missing"}
+
+
+def usage_atoms(store: CitadelSessionStore, session_id: str) -> dict[str, list[int]]:
+    """The usage atoms Citadel holds for the session, by segment."""
+    layout, memory = store._file._local._layout, memory_of(store)
+    regions = layout.segment_regions(layout.state(session_id))
+    return {region: [hit.id for hit in memory.fetch(region, "usage", limit=100)] for region in regions}
+
+
+async def test_usage_is_encrypted_and_goes_with_its_turn(make_store: Any, db_path: Path) -> None:
+    store = make_store()
+    session = store.session("s")
+    await session.add_items([answer("welcome"), user("one"), answer("1")])
+    await session.store_run_usage(run_result(7, 912_345_678, 87_654_321))
+    store.close()
+    on_disk = b"".join(
+        path.read_bytes() for path in db_path.parent.iterdir() if path.name.startswith(db_path.name)
+    )
+    assert b"912345678" not in on_disk and b"87654321" not in on_disk
+    reopened = make_store()
+    session = reopened.session("s")
+    assert (await session.get_turn_usage(1))["input_tokens"] == 912_345_678
+    spent = usage_atoms(reopened, "s")
+    assert sum(map(len, spent.values())) == 1
+    for _ in range(2):  # turn 1's answer, then its user message: the turn's usage goes with it
+        await session.pop_item()
+    assert await session.get_session_usage() is None
+    assert await session.get_items() == [answer("welcome")]
+    assert verdicts_after_recreating(reopened, spent) == {"missing"}, "its key destroyed, not hidden"
+
+
+async def test_branches_names_and_usage_outlive_a_restart(make_store: Any) -> None:
+    store = make_store()
+    session = store.session("s")
+    await session.add_items([user("one"), answer("1"), user("two"), answer("2")])
+    await session.create_branch_from_turn(2, "alt")
+    await session.add_items([user("three"), answer("3")])
+    await session.store_run_usage(run_result(1, 2, 3))
+    await session.delete_branch("alt", force=True)
+    await session.create_branch_from_turn(1, "kept")
+    store.close()
+    reopened = make_store().session("s")
+    assert sorted(b["branch_id"] for b in await reopened.list_branches()) == ["main"]  # "kept" holds no item
+    with pytest.raises(BranchError, match="'alt' has already been used"):
+        await reopened.create_branch_from_turn(2, "alt")
+    await reopened.create_branch_from_turn(2, "later")
+    assert await reopened.get_items() == [user("one"), answer("1")]
+    assert reopened.current_branch == "later"
+
+
+@pytest.mark.skipif(not SDK_HAS_THE_HOOK, reason="this openai-agents has no compaction snapshot hook")
+async def test_compaction_and_search_keep_to_the_current_branch(make_store: Any) -> None:
+    store = make_store()
+    session = store.session("s")
+    await session.add_items([user("the main line about apples"), answer("apples noted")])
+    await session.add_items([user("second"), answer("2")])
+    await session.create_branch_from_turn(2, "alt")
+    await session.add_items([user("the branch talks about pears"), answer("pears noted")])
+    found = [item["content"] for item in await session.search("pears", limit=2)]
+    assert sorted(found) == ["pears noted", "the branch talks about pears"]
+    snapshot = await session._get_compaction_snapshot(4)
+    assert await snapshot.replace_suffix(0, [answer("a summary of the branch")])
+    assert await session.get_items() == [answer("a summary of the branch")]
+    assert await session.get_items(branch_id="main") == [
+        user("the main line about apples"),
+        answer("apples noted"),
+        user("second"),
+        answer("2"),
+    ]
+    await session.switch_to_branch("main")
+    assert "pears" not in json.dumps(await session.search("pears", limit=5))
+
+
+async def test_a_move_refuses_a_session_with_branches_and_erases_nothing(
+    make_store: Any, tmp_path: Path
+) -> None:
+    store, other = make_store(), make_store(tmp_path / "other.cdl")
+    session = store.session("s")
+    await session.add_items([user("one"), answer("1"), user("two"), answer("2")])
+    await session.create_branch_from_turn(2, "alt")
+    with pytest.raises(MoveConflictError, match="has branches"):
+        store.move_session("s", other)
+    assert len(await session.get_items(branch_id="main")) == 4
+    assert len(await session.get_items(branch_id="alt")) == 2
+
+
+async def test_a_real_run_stores_its_usage_on_the_current_turn(make_store: Any) -> None:
+    usage = Usage(requests=1, input_tokens=11, output_tokens=4, total_tokens=15)
+    model = ScriptedModel([[assistant_message("Hello!")]], default_usage=usage)
+    session = make_store().session("s")
+    result = await Runner.run(Agent(name="a", model=model), "hi", session=session)
+    await session.store_run_usage(result)
+    assert (await session.get_turn_usage(1))["input_tokens"] == 11
+    assert [t["content"] for t in await session.get_conversation_turns()] == ["hi"]
