@@ -48,6 +48,7 @@ from .results import (
     MoveSummary,
     PurgeReport,
     ReembedSummary,
+    SessionExport,
     SessionIntegrity,
     SessionSummary,
 )
@@ -91,6 +92,7 @@ __all__ = [
     "ReembedSummary",
     "SentenceTransformerEmbedder",
     "SessionClosedError",
+    "SessionExport",
     "SessionIntegrity",
     "SessionNotEmptyError",
     "SessionNotFoundError",

@@ -183,6 +183,21 @@ class ExportSummary:
 
 
 @dataclass(frozen=True)
+class SessionExport:
+    """A session whole: each branch's items ("main" first) with their creation time (µs since the
+    epoch), and each turn's stored usage as (branch, user turn, usage)."""
+
+    session_id: str
+    branches: dict[str, list[tuple[Any, int]]]
+    usage: list[tuple[str, int, dict[str, Any]]] = field(default_factory=list)
+
+    @property
+    def items(self) -> list[Any]:
+        """The main branch's items."""
+        return [item for item, _ in self.branches.get("main", [])]
+
+
+@dataclass(frozen=True)
 class HistoryHit:
     """A search hit with where it stands in its session: `positions` count from 1, the oldest item.
 

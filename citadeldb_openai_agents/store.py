@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import options as checks
@@ -17,26 +17,24 @@ from .embedders.providers import resolve_embedder
 from .errors import SessionClosedError, SessionNotFoundError
 from .history import History
 from .options import Argon2Profile, SyncMode, TtlMode
-from .results import Erasure, IntegrityReport, MoveSummary, Progress, PurgeReport, SessionSummary
+from .results import Erasure, IntegrityReport, Progress, PurgeReport, SessionSummary
 from .serving.protocol import Terms
 from .serving.shared_file import SharedFile
 from .shards import Ring, RingFile
-from .storage.codec import decode_items, encode_batch
 from .storage.local_file import database_options
 from .storage.records import Retention
-from .transfer.chunks import IMPORT_MODES, ImportMode, import_chunks
-from .transfer.moves import move_sessions
+from .transfers import Transfers
 
 if TYPE_CHECKING:
     # Imported for annotations only: the operator CLI never needs the Agents SDK loaded.
     from agents.memory import SessionSettings
 
-    from .results import ImportSummary
     from .session import CitadelSession, RunContextHook
 
 
-class CitadelSessionStore:
-    """An encrypted Citadel file shared by every session in it.
+class CitadelSessionStore(Transfers):
+    """An encrypted Citadel file shared by every session in it (its export, import and move
+    methods are in transfers.py).
 
     Args:
         path: The database file (created when missing, unless ``create=False``; its directory
@@ -269,75 +267,6 @@ class CitadelSessionStore:
         self._check_open()
         found = self._file.summary(session_id)
         return None if found is None else SessionSummary.from_micros(session_id, *found)
-
-    def export(self, session_id: str, *, progress: Progress | None = None) -> list[Any]:
-        """A session's items, oldest first, exactly as stored (for a data-access request).
-
-        `progress(done, total)` is called after each of the session's segments (256 items).
-
-        Raises:
-            SessionNotFoundError: the session holds no live item.
-        """
-        self._check_open()
-        items = decode_items(self._file.all_items(session_id, progress))
-        if not items:
-            raise self._not_found(session_id)
-        return items
-
-    def import_items(
-        self,
-        session_id: str,
-        items: Iterable[Any],
-        *,
-        mode: ImportMode = "new",
-        progress: Progress | None = None,
-    ) -> ImportSummary:
-        """Import items into a session, verbatim and in order; a rerun resumes, never duplicates.
-
-        Written in atomic chunks of 256 items whose ids derive from this import (transfer/chunks.py).
-        `mode`: "new" refuses a session that holds other items than this import's, "append" adds
-        after them, "replace" erases them first. `progress(items done, items)` after each chunk.
-
-        Raises:
-            SessionNotEmptyError: mode "new" and the session holds other items; nothing was written.
-            InvalidItemError: an item is not JSON (its position is named); nothing was written.
-        """
-        self._check_open()
-        if mode not in IMPORT_MODES:
-            raise ValueError(f"mode must be one of {', '.join(IMPORT_MODES)}, not {mode!r}")
-        return import_chunks(
-            self._file,
-            session_id,
-            encode_batch(list(items)),
-            mode,
-            self._history(session_id, None).expires_at,
-            progress,
-        )
-
-    def move_session(
-        self, session_id: str, other: CitadelSessionStore, *, progress: Progress | None = None
-    ) -> MoveSummary:
-        """Move a session to `other` (another file): copy, compare item by item, then erase it here;
-        safe to interrupt and run again (transfer/moves.py): the session stays whole here, or in
-        both files with the erase still to do, never in neither; the copy resumes, and the erase
-        (with its receipt) happens only if this file still holds exactly the items compared. One
-        found only in `other` was moved earlier (`erasure` None). `progress(copied, items)`.
-
-        Raises:
-            SessionNotFoundError: neither file holds the session.
-            MoveConflictError: `other` holds other items under this id, or the session changed; nothing erased.
-            ValueError: `other` is a store on this very file.
-        """
-        return self.move_sessions([session_id], other, progress=progress)[0]
-
-    def move_sessions(
-        self, session_ids: list[str], other: CitadelSessionStore, *, progress: Progress | None = None
-    ) -> list[MoveSummary]:
-        """`move_session` for each id in turn, once every one is found and free of conflict."""
-        self._check_open()
-        other._check_open()
-        ids = list(dict.fromkeys(session_ids))
-        return move_sessions(self._file, other._file, ids, other._history("", None).expires_at, progress)
 
     def rotate_key(self, current_key: str, new_key: str) -> None:
         """Change the file's passphrase; every session stays readable with the new one only.

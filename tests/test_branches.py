@@ -9,8 +9,10 @@ search keep to the current branch, and everything survives a restart.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
+import sqlite3
 import textwrap
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,7 +27,15 @@ from test_compaction import SDK_HAS_THE_HOOK
 from test_erasure import memory_of, stored_ids, verdicts_after_recreating
 from test_serving import owner_running
 
-from citadeldb_openai_agents import BranchError, CitadelSessionStore, MoveConflictError
+from citadeldb_openai_agents import (
+    BranchError,
+    CitadelSessionStore,
+    MoveConflictError,
+    export_all,
+    export_sqlite,
+    import_file,
+    restore_backup,
+)
 
 from conftest import KEY
 
@@ -334,3 +344,107 @@ async def test_a_real_run_stores_its_usage_on_the_current_turn(make_store: Any) 
     await session.store_run_usage(result)
     assert (await session.get_turn_usage(1))["input_tokens"] == 11
     assert [t["content"] for t in await session.get_conversation_turns()] == ["hi"]
+
+
+async def test_a_restore_erases_again_a_branch_deleted_after_the_backup(tmp_path: Path) -> None:
+    database, ledger, backup = tmp_path / "agent.cdl", tmp_path / "erasures.jsonl", tmp_path / "backup.cdl"
+    with CitadelSessionStore(database, KEY, argon2_profile="iot", erasure_ledger=ledger) as store:
+        session = store.session("s")
+        await session.add_items([user("one"), answer("1"), user("two"), answer("2")])
+        await session.create_branch_from_turn(2, "alt")
+        await session.add_items([user("said on the branch"), answer("and erased")])
+        store.backup(backup)
+        await session.delete_branch("alt", force=True)
+    report = restore_backup(backup, database, KEY, erasure_ledger=ledger, replace=True)
+    assert report.erased == {"s": 4}
+    with CitadelSessionStore(database, KEY, argon2_profile="iot", erasure_ledger=ledger) as store:
+        session = store.session("s")
+        assert [b["branch_id"] for b in await session.list_branches()] == ["main"]
+        assert len(await session.get_items()) == 4
+
+
+async def sdk_file_with_branches(path: Path) -> AdvancedSQLiteSession:
+    """A real AdvancedSQLiteSession file: two sessions, one with a branch, a deleted one, and usage."""
+    sdk = AdvancedSQLiteSession(session_id="s", db_path=str(path), create_tables=True)
+    await sdk.add_items([user("hello there"), answer("hi")])
+    await sdk.store_run_usage(run_result(1, 10, 5))
+    await sdk.add_items([user("the weather?"), call("c1", "weather"), output("c1"), answer("sunny")])
+    await sdk.store_run_usage(run_result(2, 20, 7))
+    await sdk.create_branch_from_turn(2, "gone")
+    await sdk.add_items([user("on a branch deleted later"), answer("gone")])
+    await sdk.switch_to_branch("main")
+    await sdk.create_branch_from_turn(2, "alt")
+    await sdk.delete_branch("gone")
+    await sdk.add_items([user("snow?"), answer("no snow")])
+    await sdk.store_run_usage(run_result(4, 40, 4))
+    other = AdvancedSQLiteSession(session_id="t", db_path=str(path))
+    await other.add_items([user("another session"), answer("plain")])
+    return sdk
+
+
+async def what_it_holds(session: Any) -> dict[str, Any]:
+    """Every answer a session gives about its branches, turns and usage (times left out)."""
+    listed = await session.list_branches()
+    names = sorted(b["branch_id"] for b in listed)
+    return {
+        "branches": sorted((b["branch_id"], b["message_count"], b["user_turns"]) for b in listed),
+        "items": {name: await session.get_items(branch_id=name) for name in names},
+        "turns": {
+            name: [(t["turn"], t["full_content"]) for t in await session.get_conversation_turns(name)]
+            for name in names
+        },
+        "structure": {name: await session.get_conversation_by_turns(name) for name in names},
+        "turn usage": {name: await session.get_turn_usage(branch_id=name) for name in names},
+        "usage": await session.get_session_usage(),
+    }
+
+
+async def test_an_sdk_file_with_branches_and_usage_goes_in_and_comes_out_as_it_was(
+    tmp_path: Path, make_store: Any
+) -> None:
+    sdk = await sdk_file_with_branches(tmp_path / "sdk.db")
+    original = await what_it_holds(sdk)
+    assert original["branches"] == [("alt", 4, 2), ("main", 6, 2)]
+    store = make_store()
+    report = import_file(store, tmp_path / "sdk.db")
+    assert [(s.session_id, s.written) for s in report.sessions] == [("s", 6), ("t", 2)]
+    imported = store.session("s")
+    assert await what_it_holds(imported) == original
+    if "branch_reservations" in sqlite_tables(tmp_path / "sdk.db"):  # openai-agents 0.24 keeps used names
+        with pytest.raises(BranchError, match="'gone' has already been used"):
+            await imported.create_branch_from_turn(1, "gone")
+    assert await store.session("t").get_items() == [user("another session"), answer("plain")]
+    assert import_file(store, tmp_path / "sdk.db", mode="append").written == 0, "a rerun adds nothing"
+    assert await what_it_holds(imported) == original
+    summary = export_sqlite(store, tmp_path / "out.db")
+    assert summary.sessions == {"s": 6, "t": 2}
+    read_back = AdvancedSQLiteSession(session_id="s", db_path=str(tmp_path / "out.db"))  # claims the tables
+    assert await what_it_holds(read_back) == original
+    plain = AdvancedSQLiteSession(session_id="t", db_path=str(tmp_path / "out.db"))
+    assert await plain.get_items() == [user("another session"), answer("plain")]
+
+
+def sqlite_tables(path: Path) -> set[str]:
+    with contextlib.closing(sqlite3.connect(path)) as connection:
+        return {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+
+async def test_export_all_writes_each_branch_and_the_usage_in_json_lines(
+    tmp_path: Path, make_store: Any
+) -> None:
+    await sdk_file_with_branches(tmp_path / "sdk.db")
+    store = make_store()
+    import_file(store, tmp_path / "sdk.db")
+    export_all(store, tmp_path / "out", ["s"])
+    index = json.loads((tmp_path / "out" / "index.json").read_text())
+    main, alt = index
+    assert (main["session_id"], main["items"], "branch" in main) == ("s", 6, False)
+    assert (alt["session_id"], alt["branch"], alt["items"]) == ("s", "alt", 4)
+    assert [u["user_turn_number"] for u in main["usage"]] == [1, 2] and alt["usage"][0]["requests"] == 4
+    lines = (tmp_path / "out" / alt["file"]).read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [
+        user("hello there"),
+        answer("hi"),
+        user("snow?"),
+        answer("no snow"),
+    ]

@@ -49,6 +49,7 @@ LAYERS = [
     {"serving"},
     {"compaction", "transfer"},
     {"history"},
+    {"transfers"},
     {"store", "offline"},
     {"search_tool", "branching"},
     {"session"},

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ImportSourceError, SessionNotEmptyError, SessionNotFoundError
-from ..results import ExportSummary, ImportReport, ImportSummary, Progress
+from ..results import ExportSummary, ImportReport, ImportSummary, Progress, SessionExport
 from ..store import CitadelSessionStore
 from ..transfer.chunks import CHUNK, IMPORT_MODES, ImportMode, as_stored, plan
 from .jsonl import JsonlSource, write_session_files
@@ -61,12 +61,24 @@ def import_file(
         for sid, count in chosen:
             step = None if progress is None else _offset(progress, done, total)
             imported.append(store.import_items(sid, reader.items(sid), mode=mode, progress=step))
+            if isinstance(reader, SqliteSource):
+                _import_branches(store, reader, sid)
             done += count
             if progress is not None:
                 progress(done, total)
         return ImportReport(reader.path, reader.kind, imported, reader.skipped)
     finally:
         reader.close()
+
+
+def _import_branches(store: CitadelSessionStore, reader: SqliteSource, session_id: str) -> None:
+    """An AdvancedSQLiteSession's other branches and its usage, after its main branch."""
+    for branch, items in reader.other_branches(session_id).items():
+        store.import_items(session_id, items, mode="append", branch=branch)
+    names = reader.used_branch_names(session_id)
+    usage = reader.usage(session_id)
+    if names or usage:
+        store.import_usage(session_id, usage, branch_names=names)
 
 
 def export_sqlite(
@@ -88,11 +100,11 @@ def export_sqlite(
     summaries = store.sessions() if session_ids is None else _named(store, session_ids)
     counts: dict[str, int] = {}
 
-    def sessions() -> Iterator[tuple[str, list[Any], datetime, datetime]]:
+    def sessions() -> Iterator[tuple[SessionExport, datetime, datetime]]:
         for done, summary in enumerate(summaries, 1):
-            items = store.export(summary.session_id)
-            counts[summary.session_id] = len(items)
-            yield summary.session_id, items, summary.first_write, summary.last_write
+            session = store.export_session(summary.session_id)
+            counts[summary.session_id] = len(session.items)
+            yield session, summary.first_write, summary.last_write
             if progress is not None:
                 progress(done, len(summaries))
 
@@ -117,7 +129,7 @@ def export_all(
         SessionNotFoundError: a named session holds no live item; nothing was written.
     """
     ids = store.session_ids() if session_ids is None else [s.session_id for s in _named(store, session_ids)]
-    written = write_session_files(directory, ids, store.export, progress)
+    written = write_session_files(directory, ids, store.export_session, progress)
     return ExportSummary(
         str(Path(directory).expanduser().absolute()),
         {sid: count for sid, (_, count) in written.items()},

@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import quote
 
 from ..errors import ExportExistsError, ImportSourceError
-from ..results import Progress
+from ..results import Progress, SessionExport
 
 INDEX = "index.json"
 _READABLE = 48  # characters of the escaped id kept in a file name, before its digest
@@ -78,13 +78,14 @@ def file_name(session_id: str) -> str:
 def write_session_files(
     directory: str | os.PathLike[str],
     session_ids: list[str],
-    read: Callable[[str], list[Any]],
+    read: Callable[[str], SessionExport],
     progress: Progress | None = None,
 ) -> dict[str, tuple[str, int]]:
     """Write each session's items to its own file in `directory`, and the index; mode 600.
 
+    A session's other branches get a file each too, and its index entry its stored usage.
     Every target is checked before anything is written: if one exists, nothing is.
-    Returns each session id with its file name and item count.
+    Returns each session id with its (main) file name and item count.
 
     Raises:
         ExportExistsError: a target file exists; nothing was written.
@@ -100,13 +101,22 @@ def write_session_files(
         )
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     written: dict[str, tuple[str, int]] = {}
+    index: list[dict[str, Any]] = []
     for done, session_id in enumerate(session_ids, 1):
-        items = read(session_id)
-        _write_new(folder / names[session_id], b"".join(json_line(item) for item in items))
-        written[session_id] = (names[session_id], len(items))
+        session = read(session_id)
+        for branch, rows in session.branches.items() or {"main": []}.items():
+            name = names[session_id] if branch == "main" else file_name(json.dumps([session_id, branch]))
+            _write_new(folder / name, b"".join(json_line(item) for item, _ in rows))
+            entry: dict[str, Any] = {"file": name, "session_id": session_id, "items": len(rows)}
+            if branch != "main":
+                entry["branch"] = branch
+            used = [{"user_turn_number": turn, **usage} for b, turn, usage in session.usage if b == branch]
+            if used:
+                entry["usage"] = used
+            index.append(entry)
+        written[session_id] = (names[session_id], len(session.items))
         if progress is not None:
             progress(done, len(session_ids))
-    index = [{"file": name, "session_id": sid, "items": count} for sid, (name, count) in written.items()]
     _write_new(folder / INDEX, json_line(index))
     return written
 

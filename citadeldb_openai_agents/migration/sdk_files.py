@@ -5,9 +5,10 @@ as the SDK's own `get_items()` returns it: `SQLiteSession` rows in id order;
 `AdvancedSQLiteSession` (a file with its ``message_structure`` table) the main branch in
 sequence order. Rows that are not JSON are skipped, as the SDK skips them, and counted.
 
-A file is written with the schema `SQLiteSession` creates (the same statements), each item
-as the SDK writes it (``json.dumps(item)``), so `SQLiteSession(session_id, path)` reads it as
-its own.
+A file is written with the schema `SQLiteSession` creates and the tables `AdvancedSQLiteSession`
+adds (the same statements), each item as the SDK writes it (``json.dumps(item)``), so
+`SQLiteSession(session_id, path)` reads it as its own, and `AdvancedSQLiteSession` its branches
+and usage too.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from .. import turns
 from ..errors import CitadelSessionError, ExportExistsError, ImportSourceError
+from ..results import SessionExport
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 SESSIONS_TABLE, MESSAGES_TABLE = "agent_sessions", "agent_messages"
@@ -51,6 +54,78 @@ _SCHEMA = (
             CREATE INDEX IF NOT EXISTS idx_{MESSAGES_TABLE}_session_id
             ON {MESSAGES_TABLE} (session_id, id)
         """,
+)
+
+
+# `AdvancedSQLiteSession._init_structure_tables`: its branches (message_structure) and usage
+# (turn_usage), with the foreign keys by which it recognises the tables as its own.
+_STRUCTURE_SCHEMA = (
+    f"""
+            CREATE TABLE IF NOT EXISTS message_structure (
+                id INTEGER PRIMARY KEY AUTOINCREMENT,
+                session_id TEXT NOT NULL,
+                message_id INTEGER NOT NULL,
+                branch_id TEXT NOT NULL DEFAULT 'main',
+                message_type TEXT NOT NULL,
+                sequence_number INTEGER NOT NULL,
+                user_turn_number INTEGER,
+                branch_turn_number INTEGER,
+                tool_name TEXT,
+                created_at TIMESTAMP DEFAULT CURRENT_TIMESTAMP,
+                FOREIGN KEY (session_id)
+                    REFERENCES {SESSIONS_TABLE}(session_id) ON DELETE CASCADE,
+                FOREIGN KEY (message_id)
+                    REFERENCES {MESSAGES_TABLE}(id) ON DELETE CASCADE
+            )
+        """,
+    f"""
+            CREATE TABLE IF NOT EXISTS turn_usage (
+                id INTEGER PRIMARY KEY AUTOINCREMENT,
+                session_id TEXT NOT NULL,
+                branch_id TEXT NOT NULL DEFAULT 'main',
+                user_turn_number INTEGER NOT NULL,
+                requests INTEGER DEFAULT 0,
+                input_tokens INTEGER DEFAULT 0,
+                output_tokens INTEGER DEFAULT 0,
+                total_tokens INTEGER DEFAULT 0,
+                input_tokens_details JSON,
+                output_tokens_details JSON,
+                created_at TIMESTAMP DEFAULT CURRENT_TIMESTAMP,
+                FOREIGN KEY (session_id)
+                    REFERENCES {SESSIONS_TABLE}(session_id) ON DELETE CASCADE,
+                UNIQUE(session_id, branch_id, user_turn_number)
+            )
+        """,
+    "CREATE INDEX IF NOT EXISTS idx_structure_session_seq ON message_structure(session_id, sequence_number)",
+    "CREATE INDEX IF NOT EXISTS idx_structure_branch ON message_structure(session_id, branch_id)",
+    "CREATE INDEX IF NOT EXISTS idx_structure_turn ON message_structure(session_id, branch_id, user_turn_number)",
+    "CREATE INDEX IF NOT EXISTS idx_structure_branch_seq ON message_structure(session_id, branch_id, sequence_number)",
+    "CREATE INDEX IF NOT EXISTS idx_turn_usage_session_turn ON turn_usage(session_id, branch_id, user_turn_number)",
+)
+
+
+# The columns this package writes of each (the others take the SDK's defaults).
+_STRUCTURE = (
+    "session_id",
+    "message_id",
+    "branch_id",
+    "message_type",
+    "sequence_number",
+    "user_turn_number",
+    "branch_turn_number",
+    "tool_name",
+    "created_at",
+)
+_USAGE = (
+    "session_id",
+    "branch_id",
+    "user_turn_number",
+    "requests",
+    "input_tokens",
+    "output_tokens",
+    "total_tokens",
+    "input_tokens_details",
+    "output_tokens_details",
 )
 
 
@@ -121,24 +196,101 @@ class SqliteSource:
         return sum(self._skipped.values())
 
     def _main_branch(self, session_id: str) -> list[Any]:
+        return self._branch(session_id, "main")
+
+    def _branch(self, session_id: str, branch: str) -> list[Any]:
         return self._connection.execute(
             f"SELECT m.message_data FROM {self._messages} m JOIN message_structure s ON m.id = s.message_id "
-            "WHERE m.session_id = ? AND s.branch_id = 'main' ORDER BY s.sequence_number",
+            "WHERE m.session_id = ? AND s.branch_id = ? ORDER BY s.sequence_number",
+            (session_id, branch),
+        ).fetchall()
+
+    def other_branches(self, session_id: str) -> dict[str, list[Any]]:
+        """An AdvancedSQLiteSession's branches other than main, each as its `get_items(branch_id=)`."""
+        if not self.advanced:
+            return {}
+        names = self._connection.execute(
+            "SELECT branch_id FROM message_structure WHERE session_id = ? AND branch_id != 'main' "
+            "GROUP BY branch_id ORDER BY MIN(id)",
             (session_id,),
         ).fetchall()
+        found = {}
+        for (name,) in names:
+            items = [item for item in _decoded(self._branch(session_id, name)) if item is not _SKIPPED]
+            found[str(name)] = items
+        return found
+
+    def used_branch_names(self, session_id: str) -> list[str]:
+        """Every branch name the session used: those it holds, and (0.24) those it deleted."""
+        tables = {row[0] for row in self._connection.execute("SELECT name FROM sqlite_master")}
+        if "branch_reservations" not in tables:
+            return list(self.other_branches(session_id))
+        rows = self._connection.execute(
+            "SELECT branch_id FROM branch_reservations WHERE session_id = ? AND branch_id != 'main'",
+            (session_id,),
+        )
+        return sorted({str(name) for (name,) in rows} | set(self.other_branches(session_id)))
+
+    def usage(self, session_id: str) -> list[tuple[str, int, dict[str, Any]]]:
+        """Each turn's usage an AdvancedSQLiteSession stored: (branch, user turn, usage)."""
+        if not self.advanced:
+            return []
+        rows = self._connection.execute(
+            "SELECT branch_id, user_turn_number, requests, input_tokens, output_tokens, total_tokens, "
+            "input_tokens_details, output_tokens_details FROM turn_usage WHERE session_id = ? "
+            "ORDER BY branch_id, user_turn_number",
+            (session_id,),
+        ).fetchall()
+        found = []
+        for branch, turn, requests, tokens_in, tokens_out, total, details_in, details_out in rows:
+            used = {
+                "requests": int(requests or 0),
+                "input_tokens": int(tokens_in or 0),
+                "output_tokens": int(tokens_out or 0),
+                "total_tokens": int(total or 0),
+                "input_tokens_details": _details(details_in),
+                "output_tokens_details": _details(details_out),
+            }
+            found.append((str(branch), int(turn), used))
+        return found
 
     def close(self) -> None:
         self._connection.close()
 
 
+_SKIPPED = object()
+
+
+def _decoded(rows: list[Any]) -> list[Any]:
+    """Each row's item, or `_SKIPPED` where it is not JSON (the SDK skips it too)."""
+    found = []
+    for (data,) in rows:
+        try:
+            found.append(json.loads(data))
+        except (json.JSONDecodeError, TypeError):
+            found.append(_SKIPPED)
+    return found
+
+
+def _details(data: Any) -> dict[str, Any] | None:
+    """Token details as the SDK reads them back: its JSON, or None (absent or not JSON)."""
+    try:
+        found = json.loads(data) if data else None
+    except (json.JSONDecodeError, TypeError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
 def write_sqlite_file(
     destination: str | os.PathLike[str],
-    sessions: Iterable[tuple[str, list[Any], datetime | None, datetime | None]],
+    sessions: Iterable[tuple[SessionExport, datetime | None, datetime | None]],
 ) -> None:
-    """Write a new SDK session file of `sessions` (id, items, first and last write), mode 600.
+    """Write a new SDK session file of `sessions` (each whole, with its first and last write), mode 600.
 
-    Written aside and linked into place at the end, so an existing file is never replaced
-    and an interrupted export leaves no half-written one.
+    The tables are `AdvancedSQLiteSession`'s: `SQLiteSession` reads each session's main branch
+    (all of it where the session has no other branch), `AdvancedSQLiteSession` its branches and
+    usage too. Written aside and linked into place at the end, so an existing file is never
+    replaced and an interrupted export leaves no half-written one.
 
     Raises:
         ExportExistsError: `destination` exists; nothing was written.
@@ -149,19 +301,7 @@ def write_sqlite_file(
     os.close(descriptor)  # mkstemp made it 0600; sqlite3 opens it by name
     try:
         with closing(sqlite3.connect(partial)) as connection:
-            for statement in _SCHEMA:
-                connection.execute(statement)
-            for session_id, items, first, last in sessions:
-                _refuse_unstorable(session_id)
-                connection.execute(
-                    f"INSERT INTO {SESSIONS_TABLE} (session_id, created_at, updated_at) "
-                    "VALUES (?, COALESCE(?, CURRENT_TIMESTAMP), COALESCE(?, CURRENT_TIMESTAMP))",
-                    (session_id, _timestamp(first), _timestamp(last)),
-                )
-                connection.executemany(
-                    f"INSERT INTO {MESSAGES_TABLE} (session_id, message_data) VALUES (?, ?)",
-                    ((session_id, json.dumps(item)) for item in items),
-                )
+            _write_sessions(connection, sessions)
             connection.commit()
         try:
             os.link(partial, target)  # unlike a rename, never replaces a file that appeared meanwhile
@@ -172,6 +312,85 @@ def write_sqlite_file(
             ) from None
     finally:
         os.unlink(partial)
+
+
+def _write_sessions(
+    connection: sqlite3.Connection, sessions: Iterable[tuple[SessionExport, datetime | None, datetime | None]]
+) -> None:
+    for statement in _SCHEMA:
+        connection.execute(statement)
+    # Structure rows wait aside: AdvancedSQLiteSession's tables are written only if a
+    # session has another branch or usage (else the file is exactly SQLiteSession's).
+    connection.execute(f"CREATE TEMP TABLE message_structure ({', '.join(_STRUCTURE)})")
+    connection.execute(f"CREATE TEMP TABLE turn_usage ({', '.join(_USAGE)})")
+    advanced = False
+    for session, first, last in sessions:
+        _refuse_unstorable(session.session_id)
+        connection.execute(
+            f"INSERT INTO {SESSIONS_TABLE} (session_id, created_at, updated_at) "
+            "VALUES (?, COALESCE(?, CURRENT_TIMESTAMP), COALESCE(?, CURRENT_TIMESTAMP))",
+            (session.session_id, _timestamp(first), _timestamp(last)),
+        )
+        _write_session(connection, session)
+        advanced = advanced or bool(session.usage) or any(b != "main" for b in session.branches)
+    if advanced:
+        for statement in _STRUCTURE_SCHEMA:
+            connection.execute(statement.replace("IF NOT EXISTS ", "IF NOT EXISTS main.", 1))
+        for table, columns in (("message_structure", _STRUCTURE), ("turn_usage", _USAGE)):
+            listed = ", ".join(columns)
+            connection.execute(f"INSERT INTO main.{table} ({listed}) SELECT {listed} FROM temp.{table}")
+
+
+def _write_session(connection: sqlite3.Connection, session: SessionExport) -> None:
+    """A session's messages, each branch's structure rows (a branch shares the messages its first
+    items have in common with main, as the SDK's branches do), and its usage rows."""
+    sid, sequence = session.session_id, 0
+    main: list[tuple[str, int]] = []  # main's messages: their text and row id
+    for branch, items in session.branches.items():
+        sharing = branch != "main"  # while the branch's items are main's first ones
+        for position, place in enumerate(turns.placed(items)):
+            text = json.dumps(place.item)
+            sharing = sharing and position < len(main) and main[position][0] == text
+            if sharing:
+                message = main[position][1]
+            else:
+                inserted = connection.execute(
+                    f"INSERT INTO {MESSAGES_TABLE} (session_id, message_data, created_at) VALUES (?, ?, ?)",
+                    (sid, text, place.timestamp),
+                )
+                message = int(inserted.lastrowid or 0)
+            if branch == "main":
+                main.append((text, message))
+            sequence += 1
+            connection.execute(
+                f"INSERT INTO temp.message_structure ({', '.join(_STRUCTURE)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    sid,
+                    message,
+                    branch,
+                    place.type,
+                    sequence,
+                    place.turn,
+                    place.turn,
+                    place.tool,
+                    place.timestamp,
+                ),
+            )
+    for branch, turn, used in session.usage:
+        connection.execute(
+            f"INSERT INTO temp.turn_usage ({', '.join(_USAGE)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                sid,
+                branch,
+                turn,
+                *(used[name] for name in ("requests", "input_tokens", "output_tokens", "total_tokens")),
+                *(_json(used[name]) for name in ("input_tokens_details", "output_tokens_details")),
+            ),
+        )
+
+
+def _json(details: dict[str, Any] | None) -> str | None:
+    return None if details is None else json.dumps(details)
 
 
 def _refuse_unstorable(session_id: str) -> None:

@@ -328,7 +328,10 @@ DELETE_BRANCH = Operation[Erasure](
     "delete_branch", branches.delete, (S, S), _ERASURE, resend=False, to_wire=_plain
 )
 # A turn's usage stored again replaces itself.
-STORE_USAGE = Operation[bool]("store_usage", usage_store.store, (KEY, usage), flag, resend=True)
+STORE_USAGE = Operation[bool](
+    "store_usage", usage_store.store, (KEY, usage, optional(whole)), flag, resend=True
+)
+RESERVE = Operation[None]("reserve", branches.reserve, (S, many(text)), nothing, resend=True)
 USAGE = Operation[list[tuple[str, int, dict[str, Any]]]](
     "usage", branches.usage_of, (S, optional(text)), many(pair(text, whole, usage)), resend=True
 )
@@ -374,6 +377,7 @@ OPERATIONS: dict[str, Operation[Any]] = {
         BRANCH,
         DELETE_BRANCH,
         STORE_USAGE,
+        RESERVE,
         USAGE,
         ERASE,
         SESSION_IDS,

@@ -148,13 +148,13 @@ class SharedFile:
     def append(self, key: SessionKey, batch: Batch) -> None:
         self._call(ops.APPEND, key, batch, uuid.uuid4().hex)
 
-    def append_batch(self, session_id: str, batch: Batch, batch_id: str) -> None:
+    def append_batch(self, key: SessionKey, batch: Batch, batch_id: str) -> None:
         """`append` under the caller's batch id, skipped if a batch with that id is already stored.
 
         For a batch the caller may have sent before (an import's chunk, rerun): the id is
         looked for where a batch just written is, the session's last two segments.
         """
-        self._call(ops.APPEND, session_id, batch, batch_id, resent=True)
+        self._call(ops.APPEND, key, batch, batch_id, resent=True)
 
     def newest_rows(self, key: SessionKey, limit: int) -> tuple[list[tuple[int, str]], bool]:
         return self._call(ops.NEWEST_ROWS, key, limit)
@@ -189,8 +189,11 @@ class SharedFile:
     def delete_branch(self, session_id: str, branch: str) -> Erasure:
         return self._call(ops.DELETE_BRANCH, session_id, branch)
 
-    def store_usage(self, key: SessionKey, usage: dict[str, Any]) -> bool:
-        return self._call(ops.STORE_USAGE, key, usage)
+    def store_usage(self, key: SessionKey, usage: dict[str, Any], turn: int | None = None) -> bool:
+        return self._call(ops.STORE_USAGE, key, usage, turn)
+
+    def reserve(self, session_id: str, names: list[str]) -> None:
+        self._call(ops.RESERVE, session_id, names)
 
     def usage(self, session_id: str, branch: str | None) -> list[tuple[str, int, dict[str, Any]]]:
         return self._call(ops.USAGE, session_id, branch)

@@ -98,6 +98,15 @@ def _reserve(layout: SessionLayout, memory: Memory, main: SessionState, name: st
     return name
 
 
+def reserve(layout: SessionLayout, memory: Memory, main: SessionState, names: list[str]) -> None:
+    """Record these branch names as used by the session (an import's), unless they are already."""
+    record = layout.record(main)
+    new = [name for name in dict.fromkeys(names) if name != MAIN and name not in record.branches]
+    if new:
+        record.branches.extend(new)
+        layout.write_record(memory, main)
+
+
 def delete(layout: SessionLayout, memory: Memory, main: SessionState, branch: str) -> Erasure:
     """Erase a branch other than MAIN, keys destroyed, with a receipt (its name stays used)."""
     target = layout.state((main.session_id, branch))

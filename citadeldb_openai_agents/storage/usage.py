@@ -22,9 +22,16 @@ from .segment_cache import SessionState
 from .segments import ALL, SessionLayout
 
 
-def store(layout: SessionLayout, memory: Memory, state: SessionState, usage: dict[str, Any]) -> bool:
-    """Keep `usage` as the current turn's (the newest user message's); False: no turn to keep it for."""
-    anchor = _newest_user_message(layout, memory, state)
+def store(
+    layout: SessionLayout, memory: Memory, state: SessionState, usage: dict[str, Any], turn: int | None = None
+) -> bool:
+    """Keep `usage` as the current turn's (the newest user message's), or (an import's) as user turn
+    `turn`'s; False: there is no such turn to keep it for."""
+    anchor = (
+        _newest_user_message(layout, memory, state)
+        if turn is None
+        else _user_message(layout, memory, state, turn)
+    )
     if anchor is None:
         return False
     number, hit = anchor
@@ -95,5 +102,20 @@ def _newest_user_message(
         layout.completeness.check(state, {number: [hit.id for hit in hits]})
         for hit in reversed(hits):
             if starts_turn(str(hit.payload)):
+                return number, hit
+    return None
+
+
+def _user_message(
+    layout: SessionLayout, memory: Memory, state: SessionState, turn: int
+) -> tuple[int, AtomHit] | None:
+    """The user message that begins turn `turn`, with its segment."""
+    seen = 0
+    for number in state.segments:
+        hits = layout.live_hits(memory, state, number)
+        layout.completeness.check(state, {number: [hit.id for hit in hits]})
+        for hit in hits:
+            seen += starts_turn(str(hit.payload))
+            if seen == turn and starts_turn(str(hit.payload)):
                 return number, hit
     return None

@@ -14,6 +14,7 @@ held before when appending.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -22,7 +23,8 @@ from ..errors import SessionNotEmptyError
 from ..results import ImportSummary, Progress
 from ..serving.shared_file import SharedFile
 from ..storage.codec import Batch, digest, encode_item
-from ..storage.segments import SEGMENT_CAPACITY
+from ..storage.records import MAIN
+from ..storage.segments import SEGMENT_CAPACITY, SessionKey, key_of
 
 # One segment's worth: each chunk fills a segment of its own in a new session (segments.py).
 CHUNK = SEGMENT_CAPACITY
@@ -39,10 +41,11 @@ class ImportPlan:
     refused: bool = False
 
 
-def chunk_ids(session_id: str, payloads: list[str], chunk: int) -> list[str]:
+def chunk_ids(key: SessionKey, payloads: list[str], chunk: int) -> list[str]:
     """One batch id per chunk of `chunk` items: the import's identity and the chunk's number."""
+    target = key if isinstance(key, str) else json.dumps(list(key))  # a branch's: another identity
     identity = hashlib.sha256(
-        session_id.encode("utf-8", "surrogatepass") + b"\0" + digest(payloads).encode()
+        target.encode("utf-8", "surrogatepass") + b"\0" + digest(payloads).encode()
     ).hexdigest()[:32]
     return [f"import-{identity}-{number}" for number in range(-(-len(payloads) // chunk))]
 
@@ -85,9 +88,15 @@ def import_chunks(
     mode: ImportMode,
     expires_at: Callable[[], int | None],
     progress: Progress | None,
+    branch: str = MAIN,
 ) -> ImportSummary:
-    """`CitadelSessionStore.import_items` on its file: plan, refuse or clear, then write each chunk once."""
-    chosen = plan(file.all_items(session_id), batch.payloads, mode, CHUNK)
+    """`CitadelSessionStore.import_items` on its file: plan, refuse or clear, then write each chunk once.
+
+    Into another `branch` than MAIN, "replace" replaces nothing: a replacement of the session
+    (its MAIN import) erased every branch already.
+    """
+    key = key_of(session_id, branch)
+    chosen = plan(file.all_items(key), batch.payloads, mode, CHUNK)
     if chosen.refused:
         raise SessionNotEmptyError(
             f"session {session_id!r} in {file.path} already holds items other than this import's; "
@@ -95,14 +104,17 @@ def import_chunks(
             "them first (mode='replace', --replace)."
         )
     if chosen.clear:
-        file.clear(session_id)
-    write_chunks(file, session_id, batch, chosen.start, expires_at, progress)
+        if branch != MAIN:
+            chosen = plan(file.all_items(key), batch.payloads, "append", CHUNK)
+        else:
+            file.clear(session_id)
+    write_chunks(file, key, batch, chosen.start, expires_at, progress)
     return ImportSummary(session_id, len(batch), len(batch) - chosen.start, chosen.start, chosen.clear)
 
 
 def write_chunks(
     file: SharedFile,
-    session_id: str,
+    session_id: SessionKey,
     batch: Batch,
     start: int,
     expires_at: Callable[[], int | None],
