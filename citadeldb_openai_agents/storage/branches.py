@@ -124,10 +124,12 @@ def listing(layout: SessionLayout, memory: Memory, main: SessionState) -> list[t
     found = []
     for state in every_branch(layout, main):
         with locked(layout, memory, main, state):
-            held = item_hits(layout, memory, state)
-        if held:
-            users = sum(starts_turn(str(hit.payload)) for hit in held)
-            found.append((state.branch, len(held), users, min(hit.created_at for hit in held)))
+            payloads = reads.all_items(layout, memory, state)  # kept payloads: no decryption
+            oldest = reads.oldest_hit(layout, memory, state)
+        if payloads and oldest is not None:
+            # Only a text naming the user's role can be a user message: the rest is not parsed.
+            users = sum('"role":"user"' in payload and starts_turn(payload) for payload in payloads)
+            found.append((state.branch, len(payloads), users, oldest.created_at))
     return sorted(found, key=lambda branch: (branch[3], branch[0]))
 
 

@@ -106,9 +106,9 @@ def starts_turn(payload: str) -> bool:
     return isinstance(item, dict) and item.get("role") == "user"
 
 
-def summary(layout: SessionLayout, memory: Memory, state: SessionState) -> tuple[int, int, int] | None:
-    """(live items, creation time of the oldest, of the newest) in µs; None when empty."""
-    oldest = next(
+def oldest_hit(layout: SessionLayout, memory: Memory, state: SessionState) -> AtomHit | None:
+    """The session's oldest live item, or None."""
+    return next(
         (
             hits[0]
             for n in state.segments
@@ -116,6 +116,11 @@ def summary(layout: SessionLayout, memory: Memory, state: SessionState) -> tuple
         ),
         None,
     )
+
+
+def summary(layout: SessionLayout, memory: Memory, state: SessionState) -> tuple[int, int, int] | None:
+    """(live items, creation time of the oldest, of the newest) in µs; None when empty."""
+    oldest = oldest_hit(layout, memory, state)
     if oldest is None:
         return None
     newest = next(
