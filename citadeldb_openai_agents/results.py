@@ -147,6 +147,9 @@ class ImportSummary:
     written: int
     already_held: int = 0
     replaced: bool = False
+    # An AdvancedSQLiteSession's: its branches other than main, and the turns whose usage came with it.
+    branches: int = 0
+    usage_turns: int = 0
 
 
 @dataclass(frozen=True)

@@ -348,6 +348,12 @@ def print_import(path: str, report: ImportReport) -> None:
     replaced = sum(session.replaced for session in report.sessions)
     if replaced:
         print(f"  {count(replaced, 'session')} replaced: their previous items erased (keys destroyed)")
+    branches = sum(session.branches for session in report.sessions)
+    turns = sum(session.usage_turns for session in report.sessions)
+    if branches or turns:
+        print(
+            f"  with {count(branches, 'branch', 'branches')} other than main, and the usage of {count(turns, 'turn')}"
+        )
     if report.skipped:
         print(f"  {count(report.skipped, 'row')} skipped: not JSON (the SDK's own sessions skip them too)")
     print(

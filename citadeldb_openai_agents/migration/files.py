@@ -7,6 +7,7 @@ through `store.export`, as the SDK's SQLite file or as one JSON Lines file per s
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterator
 from datetime import datetime
@@ -60,9 +61,11 @@ def import_file(
         imported: list[ImportSummary] = []
         for sid, count in chosen:
             step = None if progress is None else _offset(progress, done, total)
-            imported.append(store.import_items(sid, reader.items(sid), mode=mode, progress=step))
+            summary = store.import_items(sid, reader.items(sid), mode=mode, progress=step)
             if isinstance(reader, SqliteSource):
-                _import_branches(store, reader, sid)
+                branches, turns = _import_branches(store, reader, sid)
+                summary = dataclasses.replace(summary, branches=branches, usage_turns=turns)
+            imported.append(summary)
             done += count
             if progress is not None:
                 progress(done, total)
@@ -71,14 +74,16 @@ def import_file(
         reader.close()
 
 
-def _import_branches(store: CitadelSessionStore, reader: SqliteSource, session_id: str) -> None:
-    """An AdvancedSQLiteSession's other branches and its usage, after its main branch."""
-    for branch, items in reader.other_branches(session_id).items():
+def _import_branches(store: CitadelSessionStore, reader: SqliteSource, session_id: str) -> tuple[int, int]:
+    """An AdvancedSQLiteSession's other branches and its usage, after its main branch: how many
+    branches, and turns with usage."""
+    branches = reader.other_branches(session_id)
+    for branch, items in branches.items():
         store.import_items(session_id, items, mode="append", branch=branch)
     names = reader.used_branch_names(session_id)
     usage = reader.usage(session_id)
-    if names or usage:
-        store.import_usage(session_id, usage, branch_names=names)
+    turns = store.import_usage(session_id, usage, branch_names=names) if names or usage else 0
+    return len(branches), turns
 
 
 def export_sqlite(

@@ -112,6 +112,7 @@ class SessionLayout:
         self._attached: set[str] = set()
         self._states: dict[str, SessionState] = {}  # by hid
         self._by_id: dict[SessionKey, SessionState] = {}
+        self._branches: dict[str, dict[str, SessionState]] = {}  # by session id, then name (not MAIN)
         self._states_lock = threading.Lock()
         self._attach(memory, META_REGION)
         self._attach(memory, CATALOG_REGION)
@@ -199,8 +200,7 @@ class SessionLayout:
             if state.record is not None and state.record.clearing and state.catalog_id is not None:
                 # A clear a crash interrupted: its segments went above, its record goes last.
                 memory.forget(CATALOG_REGION, [state.catalog_id])
-                self._states.pop(state.hid)
-                self._by_id.pop(key_of(state.session_id, state.branch))
+                self.forget_state(state)
 
     def _upgrade(self, memory: Memory) -> None:
         """Rewrite a format-1 file's catalog records as format 2 (idempotent; the layout record last)."""
@@ -227,6 +227,8 @@ class SessionLayout:
             state = SessionState(session_id=session_id, hid=hid, branch=branch)
             self._states[hid] = state
             self._by_id[key_of(session_id, branch)] = state
+            if branch != MAIN:
+                self._branches.setdefault(session_id, {})[branch] = state
         return state
 
     def state(self, key: SessionKey) -> SessionState:
@@ -245,14 +247,15 @@ class SessionLayout:
     def branches(self, session_id: str) -> list[SessionState]:
         """The session's branches other than MAIN that this file holds, by name."""
         with self._states_lock:
-            found = [s for s in self._states.values() if s.session_id == session_id and s.branch != MAIN]
-        return sorted(found, key=lambda state: state.branch)
+            found = self._branches.get(session_id, {})
+            return [found[name] for name in sorted(found)]
 
     def forget_state(self, state: SessionState) -> None:
         """A branch deleted: its state goes (its name stays used, in MAIN's record)."""
         with self._states_lock:
             self._states.pop(state.hid, None)
             self._by_id.pop(key_of(state.session_id, state.branch), None)
+            self._branches.get(state.session_id, {}).pop(state.branch, None)
 
     def write_record(self, memory: Memory, state: SessionState) -> None:
         """Store the session's record (creating its catalog atom on first use)."""
