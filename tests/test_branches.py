@@ -12,7 +12,10 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import json
+import signal
 import sqlite3
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from types import SimpleNamespace
@@ -448,3 +451,46 @@ async def test_export_all_writes_each_branch_and_the_usage_in_json_lines(
         user("snow?"),
         answer("no snow"),
     ]
+
+
+# Fills a session, then dies (SIGKILL) in the middle of copying its items into a new branch.
+DIES_MID_COPY = textwrap.dedent(
+    """
+    import asyncio, os, signal, sys
+    from citadeldb_openai_agents import CitadelSessionStore
+    from citadeldb_openai_agents.storage import writes
+
+    async def main():
+        store = CitadelSessionStore(sys.argv[1], sys.argv[2], argon2_profile="iot")
+        session = store.session("s")
+        for turn in range(300):
+            await session.add_items([{"role": "user", "content": f"q{turn}"}, {"role": "assistant", "content": f"a{turn}"}])
+        append, copied = writes.append, []
+        def dying(*args, **kwargs):
+            append(*args, **kwargs)
+            copied.append(1)
+            if len(copied) == 2:  # two chunks of the copy written, the rest not
+                os.kill(os.getpid(), signal.SIGKILL)
+        writes.append = dying
+        await session.create_branch_from_turn(300, "alt")
+
+    asyncio.run(main())
+    """
+)
+
+
+async def test_a_branch_whose_copy_a_crash_cut_off_is_erased_and_its_name_stays_free(db_path: Path) -> None:
+    died = subprocess.run(
+        [sys.executable, "-c", DIES_MID_COPY, str(db_path), KEY], capture_output=True, timeout=120
+    )
+    assert died.returncode == -signal.SIGKILL, died.stderr
+    with CitadelSessionStore(db_path, KEY, argon2_profile="iot") as store:
+        session = store.session("s")
+        assert store._file._local._layout.branches("s") == [], "nothing of the cut copy is left"
+        assert [b["branch_id"] for b in await session.list_branches()] == ["main"]
+        main = await session.get_items()
+        assert len(main) == 600
+        assert await session.create_branch_from_turn(300, "alt") == "alt"
+        assert store.verify().ok
+    with CitadelSessionStore(db_path, KEY, argon2_profile="iot") as reopened:  # read from the file again
+        assert await reopened.session("s").get_items(branch_id="alt") == main[:598]

@@ -130,8 +130,9 @@ def audit(inventory: FileInventory) -> AuditVerdict:
 def _audit_session(
     inventory: FileInventory, record: CatalogRecord, numbers: dict[int, str], verdict: AuditVerdict
 ) -> None:
-    if record.clearing:
-        verdict.leftovers.update(numbers.values())  # an erasure under way, finished on open
+    if record.clearing or record.copying:
+        # An erasure under way, or a branch's copy a crash cut off: finished (erased) on open.
+        verdict.leftovers.update(numbers.values())
         return
     listed = set(numbers) if record.segments is None else set(record.segments)
     expected = unreadable = 0

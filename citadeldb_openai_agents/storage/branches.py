@@ -69,22 +69,30 @@ def create(
     starts = [index for index, hit in enumerate(found) if starts_turn(str(hit.payload))]
     if not 1 <= turn <= len(starts):
         raise BranchError(f"Turn {turn} does not contain a user message in branch '{source}'")
-    chosen = _reserve(layout, memory, main, name, turn)
+    chosen = _free_name(layout, main, name, turn)
     target = layout.state((main.session_id, chosen))
     with locked(layout, memory, main, target):
+        if target.segments:  # a copy a crash cut off after it was whole, before its name was kept
+            raise BranchError(f"Branch ID '{chosen}' has already been used. Choose a new branch ID.")
+        # Marked until whole: a copy a crash interrupts is erased when the file opens (segments.py),
+        # and its name stays free, as the SDK's one transaction leaves it.
+        layout.record(target).copying = True
         copied = found[: starts[turn - 1]]
         for expires_at, group in groupby(copied, key=lambda hit: hit.expires_at):
             run = [str(hit.payload) for hit in group]
             for start in range(0, len(run), SEGMENT_CAPACITY):
                 batch = batch_of_payloads(run[start : start + SEGMENT_CAPACITY], expires_at)
                 writes.append(layout, memory, target, replace(batch, retention=retention))
+        layout.record(target).copying = False
+        if target.catalog_id is not None:
+            layout.write_record(memory, target)
+    reserve(layout, memory, main, [chosen])
     return chosen
 
 
-def _reserve(layout: SessionLayout, memory: Memory, main: SessionState, name: str | None, turn: int) -> str:
-    """Record `name` (or a new one) as used by the session; `BranchError` if it was used before."""
-    record = layout.record(main)
-    used = {MAIN, *record.branches}
+def _free_name(layout: SessionLayout, main: SessionState, name: str | None, turn: int) -> str:
+    """`name`, or a new one, if the session never used it; else `BranchError`."""
+    used = {MAIN, *layout.record(main).branches}
     if name is not None and name in used:
         raise BranchError(f"Branch ID '{name}' has already been used. Choose a new branch ID.")
     if name is None:
@@ -93,8 +101,6 @@ def _reserve(layout: SessionLayout, memory: Memory, main: SessionState, name: st
         while name in used:
             suffix += 1
             name = f"{base}_{suffix}"
-    record.branches.append(name)
-    layout.write_record(memory, main)
     return name
 
 

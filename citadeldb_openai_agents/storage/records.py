@@ -154,6 +154,8 @@ class CatalogRecord:
     branches: list[str] = field(default_factory=list)
     # Whether the segments hold usage atoms (a run's tokens, usage.py): a pop then looks for them.
     usage: bool = False
+    # A branch being created (its items copied, branches.py): erased on open if a crash cut it off.
+    copying: bool = False
 
     def to_payload(self) -> dict[str, Any]:
         payload: dict[str, Any] = {
@@ -174,6 +176,8 @@ class CatalogRecord:
             payload["branches"] = self.branches
         if self.usage:
             payload["usage"] = True
+        if self.copying:
+            payload["copying"] = True
         try:
             self.session_id.encode("utf-8")
             payload["session"] = self.session_id
@@ -202,6 +206,7 @@ class CatalogRecord:
             branch=payload.get("branch", MAIN),
             branches=list(payload.get("branches", ())),
             usage=bool(payload.get("usage")),
+            copying=bool(payload.get("copying")),
         )
 
 

@@ -197,8 +197,10 @@ class SessionLayout:
             owner.segments.append(number)
         for state in list(self._states.values()):
             state.segments.sort()
-            if state.record is not None and state.record.clearing and state.catalog_id is not None:
-                # A clear a crash interrupted: its segments went above, its record goes last.
+            left = state.record
+            if left is not None and (left.clearing or left.copying) and state.catalog_id is not None:
+                # A clear (or a branch's copy) a crash interrupted: its segments went above (the
+                # audit named them left over), its record goes last.
                 memory.forget(CATALOG_REGION, [state.catalog_id])
                 self.forget_state(state)
 

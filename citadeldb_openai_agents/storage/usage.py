@@ -39,14 +39,15 @@ def store(
     record = layout.record(state)
     with layout.caches.writing(state, number):
         replaced = anchored(layout, memory, state, number, [hit.id])
+        atom: dict[str, Any] = {"kind": USAGE_KIND, "text": "usage", "payload": {"anchor": hit.id, **usage}}
+        if hit.expires_at is not None:
+            atom["expires_at"] = hit.expires_at
+        # The new one first: a crash before the old one goes leaves both, and the newer counts.
+        memory.remember(region, atom)
         if replaced:
             record.erasing = replaced  # announced: a crash mid-erasure is not damage
             layout.write_record(memory, state)
             memory.forget(region, replaced)
-        atom: dict[str, Any] = {"kind": USAGE_KIND, "text": "usage", "payload": {"anchor": hit.id, **usage}}
-        if hit.expires_at is not None:
-            atom["expires_at"] = hit.expires_at
-        memory.remember(region, atom)
     if not record.usage:
         record.usage = True  # from now on, a pop of a user message looks for its usage
         layout.write_record(memory, state)
