@@ -91,6 +91,8 @@ class History:
         """A branch of the current one's items before user turn `turn`, made current; its name."""
         if name is not None and not name.strip():
             raise BranchError("Branch name cannot be empty")
+        if name is not None and not _storable(name):
+            raise BranchError(f"Branch name {name!r} holds a lone surrogate, which no file can store")
         self.branch = self._file.branch(self.session_id, self.branch, turn, name)
         return self.branch
 
@@ -176,6 +178,14 @@ class History:
 
 
 TOKEN_DETAILS = ("input_tokens_details", "output_tokens_details")
+
+
+def _storable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _details(details: Any) -> dict[str, Any] | None:

@@ -494,3 +494,12 @@ async def test_a_branch_whose_copy_a_crash_cut_off_is_erased_and_its_name_stays_
         assert store.verify().ok
     with CitadelSessionStore(db_path, KEY, argon2_profile="iot") as reopened:  # read from the file again
         assert await reopened.session("s").get_items(branch_id="alt") == main[:598]
+
+
+async def test_a_branch_name_no_file_can_store_is_refused_before_anything_is_written(make_store: Any) -> None:
+    session = make_store().session("s")
+    await session.add_items([user("one"), answer("1")])
+    with pytest.raises(BranchError, match="lone surrogate"):
+        await session.create_branch_from_turn(1, "branch\ud800")
+    assert [b["branch_id"] for b in await session.list_branches()] == ["main"]
+    assert session.current_branch == "main"
