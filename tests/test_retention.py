@@ -223,3 +223,24 @@ def test_the_settings_come_from_toml_or_variables_and_purge_prints_what_each_rul
     assert printed[3] == "  items erased:       2"
     assert main(["purge", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["ended_sessions"] == []
+
+
+def test_purge_exits_1_when_the_readback_of_an_ended_session_finds_an_item(
+    tmp_path: Path,
+    clean_environment: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: Any,
+    no_sweep: None,
+    readback_still_finds: Any,
+) -> None:
+    (tmp_path / "citadel.toml").write_text('path = "agent.cdl"\nidle_ttl = "1s"\nargon2_profile = "iot"\n')
+    monkeypatch.setenv("CITADEL_KEY", KEY)
+    with from_config() as store:
+        asyncio.run(store.session("alice").add_items(said("hello")))
+        [ids] = stored_ids(store, "alice").values()
+    readback_still_finds(*ids)
+    time.sleep(1.2)
+    assert main(["purge"]) == 1
+    out, err = capsys.readouterr()
+    assert "erased session 'alice'" in out and "readback confirmed: NO" in out
+    assert "the readback did not confirm the erasure of 'alice'" in err

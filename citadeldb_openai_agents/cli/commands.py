@@ -176,14 +176,18 @@ def erase(args: argparse.Namespace) -> int:
     else:
         for session_id, erasure in receipts:
             render.print_receipt(session_id, erasure, path, erased_at)
-    unconfirmed = [session_id for session_id, erasure in receipts if not erasure.readback_confirmed]
-    if unconfirmed:
+    refuse_unconfirmed([session_id for session_id, erasure in receipts if not erasure.readback_confirmed])
+    return 0
+
+
+def refuse_unconfirmed(session_ids: list[str], where: str = "") -> None:
+    """Exit 1 after printing receipts whose readback did not confirm the erasure."""
+    if session_ids:
         raise Refused(
-            f"the readback did not confirm the erasure of {', '.join(map(repr, unconfirmed))}: "
+            f"the readback did not confirm the erasure of {', '.join(map(repr, session_ids))}{where}: "
             "the keys were destroyed, but Citadel did not read every item back as missing. "
             "Keep this receipt and run `python -m citadeldb_openai_agents verify`."
         )
-    return 0
 
 
 def _open_new_or_existing(args: argparse.Namespace, target: CitadelSettings) -> CitadelSessionStore:
@@ -228,6 +232,7 @@ def purge(args: argparse.Namespace) -> int:
     else:
         # Sessions are only mentioned where a rule could end one.
         render.print_purge(report, path, purged_at, ttl, ends=bool(idle) or mode == "session")
+    refuse_unconfirmed([s.session_id for s in report.ended if not s.erasure.readback_confirmed])
     return 0
 
 

@@ -23,7 +23,7 @@ from .. import (
 )
 from ..config import CitadelSettings, load_settings
 from . import render
-from .commands import Refused, _open, _open_new_or_existing, _settings, _warnings_printed
+from .commands import Refused, _open, _open_new_or_existing, _settings, _warnings_printed, refuse_unconfirmed
 
 
 def move(args: argparse.Namespace) -> int:
@@ -42,12 +42,7 @@ def move(args: argparse.Namespace) -> int:
         for summary in moved:
             render.print_move(summary, moved_at)
     unconfirmed = [m.session_id for m in moved if m.erasure is not None and not m.erasure.readback_confirmed]
-    if unconfirmed:
-        raise Refused(
-            f"the readback did not confirm the erasure of {', '.join(map(repr, unconfirmed))} at the source: "
-            "the keys were destroyed, but Citadel did not read every item back as missing. "
-            "Keep this receipt and run `python -m citadeldb_openai_agents verify`."
-        )
+    refuse_unconfirmed(unconfirmed, " at the source")
     return 0
 
 
