@@ -244,3 +244,20 @@ def test_purge_exits_1_when_the_readback_of_an_ended_session_finds_an_item(
     out, err = capsys.readouterr()
     assert "erased session 'alice'" in out and "readback confirmed: NO" in out
     assert "the readback did not confirm the erasure of 'alice'" in err
+
+
+async def test_each_branch_ends_by_its_own_writes(make_store: Any, no_sweep: None) -> None:
+    store = make_store(idle_ttl=1.0)
+    session = store.session("s")
+    await session.add_items(said("one", "two"))
+    await session.create_branch_from_turn(2, "alt")  # written now: "one"
+    await session.switch_to_branch("main")
+    time.sleep(0.6)
+    await session.add_items(said("three"))  # main stays active
+    time.sleep(0.6)  # alt: 1.2 s without a write
+    report = store.purge()
+    assert [(s.session_id, s.branch, s.rule, s.erasure.items_erased) for s in report.ended] == [
+        ("s", "alt", "idle_ttl", 1)
+    ]
+    assert contents(await session.get_items()) == ["one", "two", "three"]
+    assert [b["branch_id"] for b in await session.list_branches()] == ["main"]

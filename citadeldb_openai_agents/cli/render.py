@@ -152,7 +152,10 @@ def receipt_dict(session_id: str, erasure: Erasure, path: str, erased_at: dateti
 
 
 def purge_dict(report: PurgeReport, path: str, purged_at: datetime) -> dict[str, Any]:
-    ended = [{**receipt_dict(s.session_id, s.erasure, path, purged_at), "rule": s.rule} for s in report.ended]
+    ended = [
+        {**receipt_dict(s.session_id, s.erasure, path, purged_at), "rule": s.rule, "branch": s.branch}
+        for s in report.ended
+    ]
     return {"database": path, "expired_items": report.expired_items, "ended_sessions": ended}
 
 
@@ -162,17 +165,21 @@ def print_purge(report: PurgeReport, path: str, purged_at: datetime, ttl: float 
     if report.ended or ends:
         print(f"erased {count(len(report.ended), 'session')} that ended" + (":" if report.ended else ""))
     for session in report.ended:
-        print_receipt(session.session_id, session.erasure, path, purged_at, why=session.rule)
+        # A branch ends by its own writes: its receipt says which.
+        branch = "" if session.branch == "main" else f" (branch {session.branch!r})"
+        print_receipt(session.session_id, session.erasure, path, purged_at, why=session.rule, branch=branch)
 
 
 # Why `purge` erased a whole session, by the setting that ended it.
 _ENDED_BY = {"ttl": "its ttl ran out (ttl_mode session)", "idle_ttl": "idle for its idle_ttl"}
 
 
-def print_receipt(session_id: str, erasure: Erasure, path: str, erased_at: datetime, why: str = "") -> None:
+def print_receipt(
+    session_id: str, erasure: Erasure, path: str, erased_at: datetime, why: str = "", branch: str = ""
+) -> None:
     readback = "yes (every erased item reads back as missing)" if erasure.readback_confirmed else "NO"
     because = f": {_ENDED_BY.get(why, why)}" if why else ""
-    print(f"erased session {session_id!r} from {path} at {utc(erased_at)} UTC{because}")
+    print(f"erased session {session_id!r}{branch} from {path} at {utc(erased_at)} UTC{because}")
     print(f"  items erased:       {erasure.items_erased}")
     print(f"  regions dropped:    {erasure.regions_dropped}")
     print(f"  algorithm:          {erasure.algorithm} (keys destroyed)")
