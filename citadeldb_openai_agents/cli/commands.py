@@ -34,7 +34,7 @@ from ..config import (
     verify_from_config,
 )
 from ..options import DEFAULT_SYNC_MODE
-from . import render
+from . import receipts, render
 
 
 class Refused(Exception):
@@ -170,13 +170,13 @@ def erase(args: argparse.Namespace) -> int:
     with _open(args) as store:
         path = store.path
         erased_at = datetime.now(timezone.utc)
-        receipts = store.erase_sessions(args.session_ids, confirm=None if args.yes else _confirmed(path))
+        erased = store.erase_sessions(args.session_ids, confirm=None if args.yes else _confirmed(path))
     if args.json:
-        render.print_json([render.receipt_dict(sid, erasure, path, erased_at) for sid, erasure in receipts])
+        render.print_json([receipts.receipt_dict(sid, erasure, path, erased_at) for sid, erasure in erased])
     else:
-        for session_id, erasure in receipts:
-            render.print_receipt(session_id, erasure, path, erased_at)
-    refuse_unconfirmed([session_id for session_id, erasure in receipts if not erasure.readback_confirmed])
+        for session_id, erasure in erased:
+            receipts.print_receipt(session_id, erasure, path, erased_at)
+    refuse_unconfirmed([session_id for session_id, erasure in erased if not erasure.readback_confirmed])
     return 0
 
 
@@ -228,10 +228,10 @@ def purge(args: argparse.Namespace) -> int:
         report = store.purge(progress=progress)
         path, ttl, mode, idle = store.path, store.ttl, store.ttl_mode, store.idle_ttl
     if args.json:
-        render.print_json(render.purge_dict(report, path, purged_at))
+        render.print_json(receipts.purge_dict(report, path, purged_at))
     else:
         # Sessions are only mentioned where a rule could end one.
-        render.print_purge(report, path, purged_at, ttl, ends=bool(idle) or mode == "session")
+        receipts.print_purge(report, path, purged_at, ttl, ends=bool(idle) or mode == "session")
     refuse_unconfirmed([s.session_id for s in report.ended if not s.erasure.readback_confirmed])
     return 0
 

@@ -22,7 +22,7 @@ from .. import (
     write_ring_file,
 )
 from ..config import CitadelSettings, load_settings
-from . import render
+from . import receipts, render
 from .commands import Refused, _open, _open_new_or_existing, _settings, _warnings_printed, refuse_unconfirmed
 
 
@@ -37,10 +37,10 @@ def move(args: argparse.Namespace) -> int:
         moved_at = datetime.now(timezone.utc)
         moved = store.move_sessions(args.session_ids, other, progress=progress)
     if args.json:
-        render.print_json([render.move_dict(summary, moved_at) for summary in moved])
+        render.print_json([receipts.move_dict(summary, moved_at) for summary in moved])
     else:
         for summary in moved:
-            render.print_move(summary, moved_at)
+            receipts.print_move(summary, moved_at)
     unconfirmed = [m.session_id for m in moved if m.erasure is not None and not m.erasure.readback_confirmed]
     refuse_unconfirmed(unconfirmed, " at the source")
     return 0
@@ -118,7 +118,7 @@ def rebalance(args: argparse.Namespace) -> int:
     moved_at = datetime.now(timezone.utc)
     for owner, summary in moved:
         if args.json:
-            render.print_json({"shard": owner, **render.move_dict(summary, moved_at)})
+            render.print_json({"shard": owner, **receipts.move_dict(summary, moved_at)})
         else:
             confirmed = "no" if summary.erasure is None else summary.erasure.readback_confirmed
             print(

@@ -1,0 +1,102 @@
+"""How the commands that erase print their receipts: `erase`, `move` (the source's erasure) and
+`purge` (each session that ended), as text for people and JSON for scripts."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from ..results import Erasure, MoveSummary, PurgeReport
+from .render import count, utc
+
+
+def receipt_dict(session_id: str, erasure: Erasure, path: str, erased_at: datetime) -> dict[str, Any]:
+    return {
+        "session_id": session_id,
+        "database": path,
+        "erased_at": erased_at.isoformat(),
+        "items_erased": erasure.items_erased,
+        "regions_dropped": erasure.regions_dropped,
+        "algorithm": erasure.algorithm,
+        "readback_confirmed": erasure.readback_confirmed,
+    }
+
+
+def purge_dict(report: PurgeReport, path: str, purged_at: datetime) -> dict[str, Any]:
+    ended = [
+        {**receipt_dict(s.session_id, s.erasure, path, purged_at), "rule": s.rule, "branch": s.branch}
+        for s in report.ended
+    ]
+    return {"database": path, "expired_items": report.expired_items, "ended_sessions": ended}
+
+
+def print_purge(report: PurgeReport, path: str, purged_at: datetime, ttl: float | None, ends: bool) -> None:
+    note = "" if ttl is not None else " (ttl is unset: items written with this configuration never expire)"
+    print(f"erased {count(report.expired_items, 'expired item')} from {path}{note}")
+    if report.ended or ends:
+        print(f"erased {count(len(report.ended), 'session')} that ended" + (":" if report.ended else ""))
+    for session in report.ended:
+        # A branch ends by its own writes: its receipt says which.
+        branch = "" if session.branch == "main" else f" (branch {session.branch!r})"
+        print_receipt(session.session_id, session.erasure, path, purged_at, why=session.rule, branch=branch)
+
+
+# Why `purge` erased a whole session, by the setting that ended it.
+_ENDED_BY = {"ttl": "its ttl ran out (ttl_mode session)", "idle_ttl": "idle for its idle_ttl"}
+
+
+def print_receipt(
+    session_id: str, erasure: Erasure, path: str, erased_at: datetime, why: str = "", branch: str = ""
+) -> None:
+    readback = "yes (every erased item reads back as missing)" if erasure.readback_confirmed else "NO"
+    because = f": {_ENDED_BY.get(why, why)}" if why else ""
+    print(f"erased session {session_id!r}{branch} from {path} at {utc(erased_at)} UTC{because}")
+    print(f"  items erased:       {erasure.items_erased}")
+    print(f"  regions dropped:    {erasure.regions_dropped}")
+    print(f"  algorithm:          {erasure.algorithm} (keys destroyed)")
+    print(f"  readback confirmed: {readback}")
+
+
+def move_dict(summary: MoveSummary, moved_at: datetime) -> dict[str, Any]:
+    erasure = summary.erasure
+    return {
+        "session_id": summary.session_id,
+        "source": summary.source,
+        "target": summary.target,
+        "items": summary.items,
+        "copied": summary.copied,
+        "already_in_target": summary.already_in_target,
+        "finished_before": summary.finished_before,
+        "erasure": None
+        if erasure is None
+        else {
+            k: v
+            for k, v in receipt_dict(summary.session_id, erasure, summary.source, moved_at).items()
+            if k not in ("session_id", "database")
+        },
+    }
+
+
+def print_move(summary: MoveSummary, moved_at: datetime) -> None:
+    if summary.erasure is None:
+        print(
+            f"session {summary.session_id!r} was already moved: {summary.target} holds its "
+            f"{count(summary.items, 'item')}, {summary.source} none (an earlier run copied and erased it)"
+        )
+        return
+    earlier = (
+        f" ({summary.already_in_target} were already there from an earlier run)"
+        if summary.already_in_target
+        else ""
+    )
+    print(
+        f"moved session {summary.session_id!r} from {summary.source} to {summary.target}: "
+        f"{count(summary.items, 'item')}, compared item by item"
+    )
+    print(f"  items copied now:   {summary.copied}{earlier}")
+    print(f"  erased at the source at {utc(moved_at)} UTC:")
+    readback = "yes (every erased item reads back as missing)" if summary.erasure.readback_confirmed else "NO"
+    print(f"  items erased:       {summary.erasure.items_erased}")
+    print(f"  regions dropped:    {summary.erasure.regions_dropped}")
+    print(f"  algorithm:          {summary.erasure.algorithm} (keys destroyed)")
+    print(f"  readback confirmed: {readback}")
