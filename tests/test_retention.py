@@ -106,25 +106,33 @@ async def test_an_idle_session_is_hidden_before_any_purge_and_erased_when_used(
 async def test_a_sessions_own_settings_replace_the_stores_and_are_kept_with_it(
     make_store: Any, no_sweep: None
 ) -> None:
-    store = make_store(ttl=2.0, idle_ttl=1.0)
-    vip = store.session("vip", ttl_mode="session", idle_ttl=math.inf)  # lives 2 s after its last write
-    plain = store.session("plain")  # each item 2 s; the session 1 s after its last write
-    kept = store.session("kept", idle_ttl=math.inf)  # each item 2 s; never ended for idleness
+    # Each step waits until a moment counted from the write it depends on, and the margins are
+    # a second or more, so a slow reopen on a loaded machine cannot move a step across a deadline.
+    store = make_store(ttl=3.0, idle_ttl=1.0)
+    vip = store.session("vip", ttl_mode="session", idle_ttl=math.inf)  # lives 3 s after its last write
+    plain = store.session("plain")  # each item 3 s; the session 1 s after its last write
+    kept = store.session("kept", idle_ttl=math.inf)  # each item 3 s; never ended for idleness
     for session in (vip, plain, kept):
         await session.add_items(said("first"))
-    time.sleep(0.7)
+    first = time.monotonic()
+    wait_until(first + 1.2)
     await vip.add_items(said("second"))
+    second = time.monotonic()
     store.close()
-    reopened = make_store(ttl=2.0, idle_ttl=1.0)  # the settings came with the writes, not the objects
-    time.sleep(0.6)  # 1.3 s: plain idle past 1 s
+    reopened = make_store(ttl=3.0, idle_ttl=1.0)  # the settings came with the writes, not the objects
     assert [(s.session_id, s.rule) for s in reopened.purge().ended] == [("plain", "idle_ttl")]
-    time.sleep(1.0)  # 2.3 s: "first" is older than the ttl
+    wait_until(first + 3.2)  # "first" is older than the ttl; vip's last write is 2 s old
     assert contents(await reopened.session("vip").get_items()) == ["first", "second"], "session mode"
     assert await reopened.session("kept").get_items() == [], "item mode: its only item expired"
-    time.sleep(0.6)  # 2.9 s: vip 2.2 s after its last write
+    wait_until(second + 3.2)  # vip 3.2 s after its last write
     report = reopened.purge()
     assert [(s.session_id, s.rule, s.erasure.items_erased) for s in report.ended] == [("vip", "ttl", 2)]
     assert report.expired_items == 1  # kept's
+
+
+def wait_until(moment: float) -> None:
+    """Sleep until `time.monotonic()` reaches `moment` (not at all if it has)."""
+    time.sleep(max(0.0, moment - time.monotonic()))
 
 
 # Owns the file with the settings given as JSON in argv[3]; the owner's own sweep runs.
