@@ -9,6 +9,7 @@ search keep to the current branch, and everything survives a restart.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.metadata
 import json
@@ -326,17 +327,105 @@ async def test_compaction_and_search_keep_to_the_current_branch(make_store: Any)
     assert "pears" not in json.dumps(await session.search("pears", limit=5))
 
 
-async def test_a_move_refuses_a_session_with_branches_and_erases_nothing(
+async def branched(store: CitadelSessionStore) -> Any:
+    """Session "s" with MAIN (4 items), branch "alt" (2 copied, 2 its own) and a turn's usage on each."""
+    session = store.session("s")
+    await session.add_items([user("one"), answer("1"), user("two"), answer("2")])
+    await session.store_run_usage(run_result(1, 10, 5))
+    await session.create_branch_from_turn(2, "alt")
+    await session.add_items([user("said on the branch"), answer("there")])
+    await session.store_run_usage(run_result(2, 30, 7))
+    await session.switch_to_branch("main")
+    return session
+
+
+async def whole(session: Any) -> tuple[Any, ...]:
+    """Everything a user reads of a branched session, times aside."""
+    names = [b["branch_id"] for b in await session.list_branches()]
+    items = {name: await session.get_items(branch_id=name) for name in names}
+    usage = {name: await session.get_session_usage(branch_id=name) for name in names}
+    return names, items, usage, await session.get_turn_usage(branch_id="alt")
+
+
+async def test_a_move_carries_every_branch_and_its_usage_and_erases_them_all_at_the_source(
     make_store: Any, tmp_path: Path
 ) -> None:
     store, other = make_store(), make_store(tmp_path / "other.cdl")
-    session = store.session("s")
-    await session.add_items([user("one"), answer("1"), user("two"), answer("2")])
-    await session.create_branch_from_turn(2, "alt")
-    with pytest.raises(MoveConflictError, match="has branches"):
+    before = await whole(await branched(store))
+    erased = {branch: stored_ids(store, key) for branch, key in (("main", "s"), ("alt", ("s", "alt")))}
+    done: list[tuple[int, int]] = []
+    summary = store.move_session("s", other, progress=lambda n, total: done.append((n, total)))
+    assert (summary.items, summary.copied, summary.erasure and summary.erasure.items_erased) == (8, 8, 8)
+    assert done[-1] == (8, 8)
+    assert await whole(other.session("s")) == before
+    assert store.session_ids() == [] and await store.session("s").list_branches() == []
+    for ids in erased.values():
+        assert verdicts_after_recreating(store, ids) == {"missing"}
+    with pytest.raises(BranchError, match="already been used"):  # the name came with it
+        await other.session("s").create_branch_from_turn(1, "alt")
+
+
+async def test_a_move_through_an_owner_carries_the_branches_too(db_path: Path, tmp_path: Path) -> None:
+    with owner_running(OWNER, db_path) as owner, CitadelSessionStore(db_path, KEY) as client:
+        assert client.served_by == owner.pid
+        before = await whole(await branched(client))
+        with CitadelSessionStore(tmp_path / "other.cdl", KEY, argon2_profile="iot") as other:
+            assert client.move_session("s", other).items == 8
+            assert await whole(other.session("s")) == before
+        assert client.session_ids() == []
+
+
+async def test_a_move_refuses_a_target_with_another_branch_and_resumes_an_erase_cut_short(
+    make_store: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, other = make_store(), make_store(tmp_path / "other.cdl")
+    session = await branched(store)
+    stranger = other.session("s")
+    await stranger.add_items([user("one")])
+    await stranger.create_branch_from_turn(1, "elsewhere")
+    await stranger.add_items([user("another conversation")])
+    with pytest.raises(MoveConflictError, match="already holds other items"):
         store.move_session("s", other)
-    assert len(await session.get_items(branch_id="main")) == 4
-    assert len(await session.get_items(branch_id="alt")) == 2
+    assert len(await session.get_items(branch_id="alt")) == 4, "nothing erased at the source"
+    other.erase_session("s")
+
+    class Cut(Exception):
+        pass
+
+    def cut(*args: Any) -> None:  # copied, usage too, and compared: the erase is the next step
+        raise Cut
+
+    with monkeypatch.context() as patched, pytest.raises(Cut):
+        patched.setattr(store._file, "erase", cut)
+        store.move_session("s", other)
+    before = await whole(session)
+    await session.delete_branch("alt")  # as an erase that a crash stopped after the branches, before MAIN
+    summary = store.move_session("s", other)
+    assert (summary.items, summary.copied, summary.erasure is not None) == (4, 0, True)
+    assert await whole(other.session("s")) == before
+    assert store.session_ids() == []
+
+
+def test_a_branch_made_at_the_source_after_the_copy_stops_the_erase(
+    make_store: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, other = make_store(), make_store(tmp_path / "other.cdl")
+    session = asyncio.run(branched(store))
+    compared = other._file.all_items  # the compare's read, the last step before the erase
+
+    def then_a_branch(key: Any, progress: Any = None) -> list[str]:
+        found = compared(key, progress)
+        if key == ("s", "alt"):
+            asyncio.run(session.create_branch_from_turn(2, "late"))
+        return found
+
+    monkeypatch.setattr(other._file, "all_items", then_a_branch)
+    with pytest.raises(MoveConflictError, match="changed after the move copied"):
+        store.move_session("s", other)
+    monkeypatch.undo()
+    names = [b["branch_id"] for b in asyncio.run(session.list_branches())]
+    assert sorted(names) == ["alt", "late", "main"]
+    assert len(asyncio.run(session.get_items(branch_id="alt"))) == 4, "nothing erased"
 
 
 async def test_a_real_run_stores_its_usage_on_the_current_turn(make_store: Any) -> None:

@@ -28,7 +28,7 @@ from citadeldb.memory import Memory
 from ..errors import BranchError, MoveConflictError
 from ..results import Erasure
 from . import reads, retention, usage, writes
-from .codec import batch_of_payloads
+from .codec import batch_of_payloads, session_digest
 from .reads import item_hits, starts_turn
 from .records import MAIN
 from .segment_cache import SessionState
@@ -165,24 +165,28 @@ def clear_through_all(layout: SessionLayout, memory: Memory, main: SessionState,
 def erase_all(
     layout: SessionLayout, memory: Memory, main: SessionState, expected: str | None = None
 ) -> Erasure | None:
-    """`writes.erase` of every branch, one receipt for them all; None when the file holds nothing.
-
-    A move (`expected`) takes MAIN alone: a session with other branches is refused.
-    """
+    """`writes.erase` of every branch, MAIN last, one receipt for them all; None when the file
+    holds nothing. With `expected` (a move's `session_digest` of what it copied and compared),
+    only if every branch still holds exactly that: checked with every branch's lock held, so no
+    write slips in between; else `MoveConflictError`, and nothing is erased."""
     branches = layout.branches(main.session_id)
-    if expected is not None and branches:
-        raise MoveConflictError(
-            f"session {main.session_id!r} has branches ({', '.join(s.branch for s in branches)}), which a "
-            "move does not copy; nothing was erased. Delete them first, or export and import the file."
-        )
     receipts = []
-    for state in [*branches, main]:
-        with locked(layout, memory, main, state):
-            receipt = writes.erase(layout, memory, state, expected if state is main else None)
+    with contextlib.ExitStack() as held:
+        for state in branches:  # MAIN's lock is held: no other holder of two waits on these
+            held.enter_context(locked(layout, memory, main, state))
+        if expected is not None:
+            current = {state.branch: reads.all_items(layout, memory, state) for state in [main, *branches]}
+            if session_digest(current) != expected:
+                raise MoveConflictError(
+                    f"session {main.session_id!r} changed after the move copied and compared it (an "
+                    "item was added, popped or erased meanwhile, or a branch made); nothing was erased."
+                )
+        for state in [*branches, main]:
+            receipt = writes.erase(layout, memory, state)
             if state is not main:
                 layout.forget_state(state)
-        if receipt is not None:
-            receipts.append(receipt)
+            if receipt is not None:
+                receipts.append(receipt)
     if not receipts:
         return None
     return Erasure(

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import InvalidItemError
 from ..results import HistoryHit
-from .records import Retention
+from .records import MAIN, Retention
 
 ITEM_KIND = "item"
 # A write marker: the id of a batch another process sent, stored with the batch (writes.py).
@@ -112,6 +112,16 @@ def digest(payloads: list[str]) -> str:
         hashed.update(len(data).to_bytes(8, "big"))
         hashed.update(data)
     return hashed.hexdigest()
+
+
+def session_digest(branches: dict[str, list[str]]) -> str:
+    """A digest of a session's items, branch by branch: `digest` of MAIN's alone when no other
+    branch holds any; else of each branch's name and items, the names in order (a move's
+    `expected`, compared by the file that erases the session)."""
+    held = {name: items for name, items in branches.items() if items or name == MAIN}
+    if set(held) <= {MAIN}:
+        return digest(held.get(MAIN, []))
+    return digest([part for name in sorted(held) for part in (name, digest(held[name]))])
 
 
 def decode_item(payload: str) -> Any:

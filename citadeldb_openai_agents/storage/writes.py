@@ -13,7 +13,6 @@ import citadeldb
 from citadeldb.memory import Memory
 
 from ..embedders.protocol import embed_documents
-from ..errors import MoveConflictError
 from ..results import Erasure
 from . import retention, search_upkeep, usage
 from .codec import (
@@ -25,12 +24,11 @@ from .codec import (
     Batch,
     answers_a_call,
     decode_item,
-    digest,
     in_contexts,
     latest_question,
 )
 from .completeness import now_micros
-from .reads import all_items, newest, newest_hit, newest_in
+from .reads import newest, newest_hit, newest_in
 from .records import CATALOG_REGION
 from .search_blocks import Entries, block_atom, derive, placeholder_vector
 from .segment_cache import SessionState, live_ids
@@ -311,25 +309,15 @@ def clear(
     return algorithm
 
 
-def erase(
-    layout: SessionLayout, memory: Memory, state: SessionState, expected: str | None = None
-) -> Erasure | None:
+def erase(layout: SessionLayout, memory: Memory, state: SessionState) -> Erasure | None:
     """`clear`, then read back through Citadel that every erased atom is gone.
 
     Dropping a region returns no receipt, so the evidence is gathered here: the
     ids of every stored item first, then, per dropped segment, a region of the
     same name is attached and Citadel's `verify` must call each of those ids
     ``missing`` (no row, no key). None when the file holds nothing for the session.
-
-    With `expected` (the `digest` of the items a move copied and compared), the session
-    is erased only if it still holds exactly those items: checked under the session's
-    lock, so no write can slip in between; else `MoveConflictError`, and nothing is erased.
+    (A move's check that the session is still what it copied: `branches.erase_all`.)
     """
-    if expected is not None and digest(all_items(layout, memory, state)) != expected:
-        raise MoveConflictError(
-            f"session {state.session_id!r} changed after the move copied and compared it (an item "
-            "was added, popped or erased meanwhile); nothing was erased."
-        )
     if state.catalog_id is None and not state.segments:
         return None
     erased = {

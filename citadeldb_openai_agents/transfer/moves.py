@@ -21,22 +21,51 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import MoveConflictError, SessionNotFoundError
 from ..results import MoveSummary, Progress
 from ..serving.shared_file import SharedFile
 from ..shards import moving_sessions
-from ..storage.codec import batch_of_payloads, digest
+from ..storage.codec import batch_of_payloads, session_digest
+from ..storage.records import MAIN
+from ..storage.segments import key_of
 from .chunks import write_chunks
 
 
 @dataclass(frozen=True)
 class _Held:
-    """One session's items (as stored) in the source and in the target."""
+    """One session's items (as stored), branch by branch (MAIN first), in the source and the target."""
 
     session_id: str
-    source: list[str]
-    target: list[str]
+    source: dict[str, list[str]]
+    target: dict[str, list[str]]
+
+    def count(self, side: dict[str, list[str]]) -> int:
+        return sum(len(items) for items in side.values())
+
+    def in_source(self) -> bool:
+        return self.count(self.source) > 0
+
+    def in_target(self) -> bool:
+        return self.count(self.target) > 0
+
+    def copied_before(self) -> int:
+        """The items of the source's branches the target holds already (a copy under way)."""
+        return sum(len(self.target.get(name, [])) for name in self.source)
+
+    def conflicts(self) -> bool:
+        """Whether the target holds other items than (the start of) a copy of the source's.
+
+        A branch of the target the source lacks is a conflict, unless the target's MAIN is
+        already the source's whole: an erase at the source (branches first, MAIN last) that a
+        crash interrupted left it so.
+        """
+        if not self.in_source():
+            return False
+        prefixes = all(_is_prefix(self.target.get(name, []), items) for name, items in self.source.items())
+        extra = [name for name, items in self.target.items() if items and name not in self.source]
+        return not prefixes or bool(extra and self.target.get(MAIN) != self.source[MAIN])
 
 
 def move_sessions(
@@ -68,13 +97,13 @@ def _move_all(
             "(a configuration whose path, or CITADEL_PATH, names the same file is refused)."
         )
     held = [_read(source, target, session_id) for session_id in session_ids]
-    unknown = [found.session_id for found in held if not found.source and not found.target]
+    unknown = [found.session_id for found in held if not found.in_source() and not found.in_target()]
     if unknown:
         raise SessionNotFoundError(
             f"no session {', '.join(map(repr, unknown))} with live items in {source.path} or "
             f"{target.path}; nothing was moved. `python -m citadeldb_openai_agents sessions` lists them."
         )
-    conflicts = [found for found in held if found.source and not _is_prefix(found.target, found.source)]
+    conflicts = [found for found in held if found.conflicts()]
     if conflicts:
         raise _conflict(source, target, conflicts)
     return [_move(source, target, found.session_id, expires_at, progress) for found in held]
@@ -88,35 +117,63 @@ def _move(
     progress: Progress | None,
 ) -> MoveSummary:
     found = _read(source, target, session_id)  # again: it may have changed since it was checked
-    if not found.source:
+    if not found.in_source():
         # Erased by an earlier run (or never here): what the target holds is the session.
-        return MoveSummary(
-            session_id, source.path, target.path, len(found.target), 0, len(found.target), None
-        )
-    if not _is_prefix(found.target, found.source):
+        held = found.count(found.target)
+        return MoveSummary(session_id, source.path, target.path, held, 0, held, None)
+    if found.conflicts():
         raise _conflict(source, target, [found])
-    start = len(found.target)
-    write_chunks(target, session_id, batch_of_payloads(found.source), start, expires_at, progress)
-    copied = target.all_items(session_id)
-    if copied != found.source:
+    start, total = found.copied_before(), found.count(found.source)
+    others = [name for name in found.source if name != MAIN]
+    if others:
+        target.reserve(session_id, others)  # as a branch created there: its name is used
+    done = 0
+    for name, items in found.source.items():
+        told = None if progress is None else _offset(progress, done, total)
+        key = key_of(session_id, name)
+        write_chunks(target, key, batch_of_payloads(items), len(found.target.get(name, [])), expires_at, told)
+        done += len(items)
+    usage = source.usage(session_id, None)
+    for branch, turn, used in usage:  # stored again, a turn's usage replaces itself
+        target.store_usage(key_of(session_id, branch), used, turn)
+    copied = {name: target.all_items(key_of(session_id, name)) for name in found.source}
+    if copied != found.source or not _holds(target.usage(session_id, None), usage):
         raise MoveConflictError(
-            f"after the copy, session {session_id!r} in {target.path} holds {_items(len(copied))} that "
-            f"differ from the {len(found.source)} of {source.path} (something else wrote to it); "
-            f"nothing was erased from {source.path}. {_FIX}"
+            f"after the copy, session {session_id!r} in {target.path} holds "
+            f"{_items(found.count(copied))} (or usage) that differ from the {total} of {source.path} "
+            f"(something else wrote to it); nothing was erased from {source.path}. {_FIX}"
         )
     try:
-        erasure = source.erase(session_id, digest(found.source))
+        erasure = source.erase(session_id, session_digest(found.source))
     except MoveConflictError as exc:
         raise MoveConflictError(
             f"{exc} {source.path} still holds it; {target.path} holds the copy of it as it was. "
             "Stop the writes to the session, then run the move again: it copies what was added, "
             "or, if items were popped or erased at the source, refuses until the target's copy is erased."
         ) from None
-    return MoveSummary(session_id, source.path, target.path, len(copied), len(copied) - start, start, erasure)
+    return MoveSummary(session_id, source.path, target.path, total, total - start, start, erasure)
 
 
 def _read(source: SharedFile, target: SharedFile, session_id: str) -> _Held:
-    return _Held(session_id, source.all_items(session_id), target.all_items(session_id))
+    return _Held(session_id, _branches(source, session_id), _branches(target, session_id))
+
+
+def _branches(file: SharedFile, session_id: str) -> dict[str, list[str]]:
+    """MAIN's items and those of each other branch holding any."""
+    names = [name for name, *_ in file.branches(session_id) if name != MAIN]
+    return {name: file.all_items(key_of(session_id, name)) for name in [MAIN, *sorted(names)]}
+
+
+def _holds(
+    found: list[tuple[str, int, dict[str, Any]]], expected: list[tuple[str, int, dict[str, Any]]]
+) -> bool:
+    """Whether the target's usage includes every turn's usage of the source."""
+    return all(entry in found for entry in expected)
+
+
+def _offset(progress: Progress, done: int, total: int) -> Progress:
+    """`progress` told of one branch's copy as a part of the whole session's."""
+    return lambda copied, _: progress(done + copied, total)
 
 
 def _is_prefix(held: list[str], items: list[str]) -> bool:
@@ -134,7 +191,8 @@ _FIX = (
 
 def _conflict(source: SharedFile, target: SharedFile, conflicts: list[_Held]) -> MoveConflictError:
     listed = ", ".join(
-        f"{found.session_id!r} ({_items(len(found.target))} there, {_items(len(found.source))} in the source)"
+        f"{found.session_id!r} ({_items(found.count(found.target))} there, "
+        f"{_items(found.count(found.source))} in the source)"
         for found in conflicts
     )
     return MoveConflictError(
