@@ -8,7 +8,8 @@ reference) and ours (a CitadelSession, serve=False, the mock embedder) fill one 
 ITEMS items (a user message and an answer per turn, 100 items a call), then time:
 creating a branch from the last turn but one (ours copies the items before it, the SDK
 copies their structure rows), switching to it and back, get_items(limit=20) and the full
-get_items() on the branch and on main, list_branches, get_conversation_turns on the branch.
+get_items() on the branch and on main, list_branches, get_conversation_turns and
+get_tool_usage on the branch.
 A cell is the median over every round (the reads: REPS each). Timing, not a test.
 """
 
@@ -37,6 +38,7 @@ OPERATIONS = (
     "get_items() on the branch",
     "list_branches",
     "get_conversation_turns on the branch",
+    "get_tool_usage on the branch",
 )
 
 
@@ -78,6 +80,7 @@ async def measure(session: Any, items: int) -> dict[str, list[float]]:
     found["get_conversation_turns on the branch"] = await timed(
         session.get_conversation_turns, max(3, REPS // 4)
     )
+    found["get_tool_usage on the branch"] = await timed(session.get_tool_usage, max(3, REPS // 4))
     return found
 
 

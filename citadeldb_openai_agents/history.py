@@ -131,7 +131,13 @@ class History:
 
     # -- turns ------------------------------------------------------------------------
 
-    def placed(self, branch: str | None) -> list[turns.Placed]:
+    def placed(self, branch: str | None, *, timed: bool = True) -> list[turns.Placed]:
+        """The branch's items placed in their turns; without `timed`, from the kept payloads
+        (no decryption when they are kept) and with no creation times (0)."""
+        if not timed:
+            return turns.placed(
+                [(decode_item(payload), 0) for payload in self._file.all_items(self.key(branch))]
+            )
         rows = self._file.item_rows(self.key(branch))
         return turns.placed([(decode_item(payload), created) for _, created, payload in rows])
 
@@ -144,12 +150,12 @@ class History:
 
     def by_turns(self, branch: str | None) -> dict[int, list[dict[str, str | None]]]:
         found: dict[int, list[dict[str, str | None]]] = {}
-        for place in self.placed(branch):
+        for place in self.placed(branch, timed=False):
             found.setdefault(place.turn, []).append({"type": place.type, "tool_name": place.tool})
         return found
 
     def tool_usage(self, branch: str | None) -> list[tuple[str | None, int, int]]:
-        return turns.tool_usage(self.placed(branch))
+        return turns.tool_usage(self.placed(branch, timed=False))
 
     # -- usage ------------------------------------------------------------------------
 
