@@ -41,45 +41,52 @@ def no_sweep(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def test_in_session_mode_every_write_pushes_the_whole_sessions_expiry(make_store: Any) -> None:
-    by_session = make_store(ttl=1.5, ttl_mode="session")
-    by_item = make_store(Path(str(by_session.path) + ".items.cdl"), ttl=1.5)
+    # Each step waits until a moment counted from the write it depends on, with margins of
+    # most of a second, so a loaded machine cannot move a step across a deadline.
+    by_session = make_store(ttl=2.0, ttl_mode="session")
+    by_item = make_store(Path(str(by_session.path) + ".items.cdl"), ttl=2.0)
     for store in (by_session, by_item):
         await store.session("s").add_items(said("one"))
-    time.sleep(0.9)
+    one = time.monotonic()
+    wait_until(one + 1.0)
     for store in (by_session, by_item):
         await store.session("s").add_items(said("two"))
-    time.sleep(0.9)  # 1.8 s after "one", 0.9 s after "two"
+    two = time.monotonic()
+    wait_until(one + 2.1)  # "one" is older than the ttl; "two" is about 1.1 s old
     assert contents(await by_session.session("s").get_items()) == ["one", "two"]
     assert contents(await by_item.session("s").get_items()) == ["two"], "item mode: each item ages alone"
     written = stored_ids(by_session, "s")
-    time.sleep(0.8)  # 1.7 s after the last write
+    wait_until(two + 2.2)  # past the ttl after the last write
     assert await by_session.session("s").get_items() == []
     assert by_session.sessions() == []
     assert verdicts_after_recreating(by_session, written) == {"missing"}, "erased, not hidden"
 
 
 async def test_a_pop_is_a_write_and_pushes_the_sessions_expiry_too(make_store: Any) -> None:
-    store = make_store(ttl=1.5, ttl_mode="session")
+    store = make_store(ttl=2.0, ttl_mode="session")
     session = store.session("s")
     await session.add_items(said("one", "two", "three"))
-    time.sleep(0.9)
+    written = time.monotonic()
+    wait_until(written + 1.0)
     assert contents([await session.pop_item()]) == ["three"]
-    time.sleep(0.9)  # 1.8 s after the items were written, 0.9 s after the pop
+    wait_until(written + 2.1)  # past the ttl after the items were written, about 1.1 s after the pop
     assert contents(await session.get_items()) == ["one", "two"]
 
 
 async def test_idle_sessions_are_erased_by_purge_with_receipts_across_a_restart(
     make_store: Any, db_path: Path, no_sweep: None
 ) -> None:
-    first = make_store(idle_ttl=1.0)
+    first = make_store(idle_ttl=2.0)
     await first.session("alice").add_items(said("alice's only message"))
+    alice_wrote = time.monotonic()
     await first.session("bob").add_items(said("bob's first"))
+    bob_wrote = time.monotonic()
     alice = stored_ids(first, "alice")
     first.close()  # the file closes: what follows reads it again
-    time.sleep(0.6)
-    second = make_store(idle_ttl=1.0)
+    second = make_store(idle_ttl=2.0)
+    wait_until(bob_wrote + 1.0)
     await second.session("bob").add_items(said("bob's second"))
-    time.sleep(0.6)  # alice: 1.2 s without a write; bob: 0.6 s
+    wait_until(alice_wrote + 2.1)  # alice: past 2 s without a write; bob: about 1.1 s
     report = second.purge()
     assert report.expired_items == 0
     [ended] = report.ended
