@@ -11,11 +11,14 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from citadeldb_openai_agents import CitadelSessionStore, DatabaseLockedError
+from citadeldb_openai_agents.storage import engine
 from citadeldb_openai_agents.storage import lockholder as lock_holder
+from citadeldb_openai_agents.storage.files import locked_by_this_process
 
 from conftest import KEY
 from stub_embedders import StubEmbedder
@@ -118,6 +121,31 @@ async def test_closing_after_a_failed_call_frees_the_file_at_once(db_path: Path,
             await store.session("s").add_items([{"content": "stored"}])
             embedder.failure = ConnectionError("embedding service unavailable")
             await store.session("s").add_items([{"content": "never stored"}])
+        assert try_to_open(other_process) == ["opened", "1\n"]
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize("probe", ["reads /proc/locks", "sees no lock at all"])
+async def test_a_memory_only_a_garbage_cycle_holds_is_collected_at_close(
+    db_path: Path, other_process, probe: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A close collects garbage only when this process still holds the lock (a full collection
+    costs 0.1-0.3 s in a big process, so it does not run on every close): then a `Memory` that
+    only a reference cycle holds is collected, and the file is free at once all the same. On a
+    system whose lock the probe cannot see, every close collects, as before."""
+    if probe == "sees no lock at all":
+        monkeypatch.setattr(engine, "locked_by_this_process", lambda path: False)
+    gc.disable()  # no automatic collection may rescue the close
+    try:
+        store = CitadelSessionStore(db_path, KEY, argon2_profile="iot", serve=False)
+        await store.session("s").add_items([{"content": "stored"}])
+        assert locked_by_this_process(str(db_path.resolve())), "the real probe sees the lock"
+        cycle: list[Any] = [store._file._local._database.memory._memory]  # Citadel's own object
+        cycle.append(cycle)
+        del cycle
+        store.close()
+        assert not locked_by_this_process(str(db_path.resolve()))
         assert try_to_open(other_process) == ["opened", "1\n"]
     finally:
         gc.enable()

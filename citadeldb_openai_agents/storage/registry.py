@@ -26,7 +26,7 @@ import citadeldb
 from ..errors import CitadelSessionError
 from ..options import check_passphrase
 from .engine import BeforeMemory, OpenDatabase, forked_error, refuse_lost_key_files
-from .files import resolve_path
+from .files import locked_by_this_process, resolve_path
 from .process_state import REGISTRY, at_fork, current_pid
 from .translate import translate_open_error, translate_storage_error
 
@@ -141,8 +141,10 @@ def inspect_file(
     except citadeldb.CitadelError as exc:
         raise translate_storage_error(exc, resolved) from None
     finally:
+        probe_works = locked_by_this_process(resolved)  # the lock shows while the file is open
         db.close()
-        gc.collect()  # the maintenance handles inspect made hold the file until collected
+        if not probe_works or locked_by_this_process(resolved):
+            gc.collect()  # the maintenance handles inspect made hold the file until collected
 
 
 def release(database: OpenDatabase) -> None:
