@@ -406,26 +406,33 @@ async def test_a_move_refuses_a_target_with_another_branch_and_resumes_an_erase_
     assert store.session_ids() == []
 
 
-def test_a_branch_made_at_the_source_after_the_copy_stops_the_erase(
-    make_store: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("change", ["a branch made", "a turn's usage stored"])
+def test_a_change_at_the_source_after_the_compare_stops_the_erase(
+    make_store: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
 ) -> None:
     store, other = make_store(), make_store(tmp_path / "other.cdl")
     session = asyncio.run(branched(store))
     compared = other._file.all_items  # the compare's read, the last step before the erase
 
-    def then_a_branch(key: Any, progress: Any = None) -> list[str]:
+    def then_a_change(key: Any, progress: Any = None) -> list[str]:
         found = compared(key, progress)
         if key == ("s", "alt"):
-            asyncio.run(session.create_branch_from_turn(2, "late"))
+            if change == "a branch made":
+                asyncio.run(session.create_branch_from_turn(2, "late"))
+            else:
+                asyncio.run(session.store_run_usage(run_result(3, 99, 1)))
         return found
 
-    monkeypatch.setattr(other._file, "all_items", then_a_branch)
+    monkeypatch.setattr(other._file, "all_items", then_a_change)
     with pytest.raises(MoveConflictError, match="changed after the move copied"):
         store.move_session("s", other)
     monkeypatch.undo()
-    names = [b["branch_id"] for b in asyncio.run(session.list_branches())]
-    assert sorted(names) == ["alt", "late", "main"]
     assert len(asyncio.run(session.get_items(branch_id="alt"))) == 4, "nothing erased"
+    if change == "a branch made":
+        names = [b["branch_id"] for b in asyncio.run(session.list_branches())]
+        assert sorted(names) == ["alt", "late", "main"]
+    else:
+        assert asyncio.run(session.get_turn_usage(2))["input_tokens"] == 99
 
 
 async def test_a_real_run_stores_its_usage_on_the_current_turn(make_store: Any) -> None:

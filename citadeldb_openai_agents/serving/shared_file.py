@@ -227,7 +227,7 @@ class SharedFile:
             self._call(ops.CLEAR_THROUGH, session_id, noted[-1])
 
     def erase(self, session_id: str, expected: str | None = None) -> Erasure | None:
-        """Erase with a receipt; with `expected`, only if the session holds the items it digests (writes.py)."""
+        """Erase with a receipt; with `expected`, only if the session holds what it digests (`session_digest`)."""
         return self._call(ops.ERASE, session_id, expected)
 
     # -- every session --------------------------------------------------------------------

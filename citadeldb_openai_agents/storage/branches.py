@@ -167,19 +167,24 @@ def erase_all(
 ) -> Erasure | None:
     """`writes.erase` of every branch, MAIN last, one receipt for them all; None when the file
     holds nothing. With `expected` (a move's `session_digest` of what it copied and compared),
-    only if every branch still holds exactly that: checked with every branch's lock held, so no
-    write slips in between; else `MoveConflictError`, and nothing is erased."""
+    only if every branch still holds exactly those items and that usage: checked with every
+    branch's lock held, so no write slips in between; else `MoveConflictError`, nothing erased."""
     branches = layout.branches(main.session_id)
     receipts = []
     with contextlib.ExitStack() as held:
         for state in branches:  # MAIN's lock is held: no other holder of two waits on these
             held.enter_context(locked(layout, memory, main, state))
         if expected is not None:
-            current = {state.branch: reads.all_items(layout, memory, state) for state in [main, *branches]}
-            if session_digest(current) != expected:
+            states = [main, *branches]
+            current = {state.branch: reads.all_items(layout, memory, state) for state in states}
+            used = [
+                (s.branch, turn, counts) for s in states for turn, counts in usage.by_turn(layout, memory, s)
+            ]
+            if session_digest(current, used) != expected:
                 raise MoveConflictError(
-                    f"session {main.session_id!r} changed after the move copied and compared it (an "
-                    "item was added, popped or erased meanwhile, or a branch made); nothing was erased."
+                    f"session {main.session_id!r} changed after the move copied and compared it (an item "
+                    "was added, popped or erased meanwhile, a branch made, or a turn's usage stored); "
+                    "nothing was erased."
                 )
         for state in [*branches, main]:
             receipt = writes.erase(layout, memory, state)

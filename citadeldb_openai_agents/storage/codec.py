@@ -114,14 +114,15 @@ def digest(payloads: list[str]) -> str:
     return hashed.hexdigest()
 
 
-def session_digest(branches: dict[str, list[str]]) -> str:
-    """A digest of a session's items, branch by branch: `digest` of MAIN's alone when no other
-    branch holds any; else of each branch's name and items, the names in order (a move's
-    `expected`, compared by the file that erases the session)."""
+def session_digest(branches: dict[str, list[str]], usage: list[tuple[str, int, dict[str, Any]]]) -> str:
+    """A digest of a session whole: each branch's items and each turn's usage (a move's
+    `expected`, compared by the file that erases the session). `digest` of MAIN's items alone
+    when no other branch holds any and no usage is stored."""
     held = {name: items for name, items in branches.items() if items or name == MAIN}
-    if set(held) <= {MAIN}:
+    if set(held) <= {MAIN} and not usage:
         return digest(held.get(MAIN, []))
-    return digest([part for name in sorted(held) for part in (name, digest(held[name]))])
+    used = sorted(json.dumps([branch, turn, counts], sort_keys=True) for branch, turn, counts in usage)
+    return digest([part for name in sorted(held) for part in (name, digest(held[name]))] + used)
 
 
 def decode_item(payload: str) -> Any:

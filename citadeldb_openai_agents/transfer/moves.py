@@ -6,9 +6,11 @@ The order is what makes it safe to interrupt anywhere:
    whose batch ids derive from the items, so a rerun resumes after the chunks an
    interrupted run wrote, and a chunk sent twice is written once;
 2. compare: both files are read back, and the target must hold exactly the source's items,
-   as the JSON text they are stored as (order and key order included);
-3. erase: the source erases the session, with its receipt, only if it still holds the
-   items compared (checked under the session's lock by the file's owner, writes.py).
+   branch by branch, as the JSON text they are stored as (order and key order included),
+   and each turn's usage;
+3. erase: the source erases the session, every branch and MAIN last, with its receipt,
+   only if it still holds the items and usage compared (their `session_digest`, checked with
+   every branch's lock held by the file's owner, storage/branches.py `erase_all`).
 
 Until 3 begins the source holds the whole session; an erasure a crash interrupts is
 finished when the file next opens. So a session is whole in the source, or in both, or in
@@ -41,14 +43,11 @@ class _Held:
     source: dict[str, list[str]]
     target: dict[str, list[str]]
 
-    def count(self, side: dict[str, list[str]]) -> int:
-        return sum(len(items) for items in side.values())
-
     def in_source(self) -> bool:
-        return self.count(self.source) > 0
+        return _count(self.source) > 0
 
     def in_target(self) -> bool:
-        return self.count(self.target) > 0
+        return _count(self.target) > 0
 
     def copied_before(self) -> int:
         """The items of the source's branches the target holds already (a copy under way)."""
@@ -119,11 +118,11 @@ def _move(
     found = _read(source, target, session_id)  # again: it may have changed since it was checked
     if not found.in_source():
         # Erased by an earlier run (or never here): what the target holds is the session.
-        held = found.count(found.target)
+        held = _count(found.target)
         return MoveSummary(session_id, source.path, target.path, held, 0, held, None)
     if found.conflicts():
         raise _conflict(source, target, [found])
-    start, total = found.copied_before(), found.count(found.source)
+    start, total = found.copied_before(), _count(found.source)
     others = [name for name in found.source if name != MAIN]
     if others:
         target.reserve(session_id, others)  # as a branch created there: its name is used
@@ -140,11 +139,11 @@ def _move(
     if copied != found.source or not _holds(target.usage(session_id, None), usage):
         raise MoveConflictError(
             f"after the copy, session {session_id!r} in {target.path} holds "
-            f"{_items(found.count(copied))} (or usage) that differ from the {total} of {source.path} "
+            f"{_items(_count(copied))} (or usage) that differ from the {total} of {source.path} "
             f"(something else wrote to it); nothing was erased from {source.path}. {_FIX}"
         )
     try:
-        erasure = source.erase(session_id, session_digest(found.source))
+        erasure = source.erase(session_id, session_digest(found.source, usage))
     except MoveConflictError as exc:
         raise MoveConflictError(
             f"{exc} {source.path} still holds it; {target.path} holds the copy of it as it was. "
@@ -164,11 +163,17 @@ def _branches(file: SharedFile, session_id: str) -> dict[str, list[str]]:
     return {name: file.all_items(key_of(session_id, name)) for name in [MAIN, *sorted(names)]}
 
 
+def _count(side: dict[str, list[str]]) -> int:
+    """The items of a side's branches."""
+    return sum(len(items) for items in side.values())
+
+
 def _holds(
     found: list[tuple[str, int, dict[str, Any]]], expected: list[tuple[str, int, dict[str, Any]]]
 ) -> bool:
     """Whether the target's usage includes every turn's usage of the source."""
-    return all(entry in found for entry in expected)
+    held = {(branch, turn): counts for branch, turn, counts in found}
+    return all(held.get((branch, turn)) == counts for branch, turn, counts in expected)
 
 
 def _offset(progress: Progress, done: int, total: int) -> Progress:
@@ -191,8 +196,8 @@ _FIX = (
 
 def _conflict(source: SharedFile, target: SharedFile, conflicts: list[_Held]) -> MoveConflictError:
     listed = ", ".join(
-        f"{found.session_id!r} ({_items(found.count(found.target))} there, "
-        f"{_items(found.count(found.source))} in the source)"
+        f"{found.session_id!r} ({_items(_count(found.target))} there, "
+        f"{_items(_count(found.source))} in the source)"
         for found in conflicts
     )
     return MoveConflictError(
