@@ -48,9 +48,13 @@ _ENDED_BY = {"ttl": "its ttl ran out (ttl_mode session)", "idle_ttl": "idle for 
 def print_receipt(
     session_id: str, erasure: Erasure, path: str, erased_at: datetime, why: str = "", branch: str = ""
 ) -> None:
-    readback = "yes (every erased item reads back as missing)" if erasure.readback_confirmed else "NO"
     because = f": {_ENDED_BY.get(why, why)}" if why else ""
     print(f"erased session {session_id!r}{branch} from {path} at {utc(erased_at)} UTC{because}")
+    _print_erasure(erasure)
+
+
+def _print_erasure(erasure: Erasure) -> None:
+    readback = "yes (every erased item reads back as missing)" if erasure.readback_confirmed else "NO"
     print(f"  items erased:       {erasure.items_erased}")
     print(f"  regions dropped:    {erasure.regions_dropped}")
     print(f"  algorithm:          {erasure.algorithm} (keys destroyed)")
@@ -95,8 +99,4 @@ def print_move(summary: MoveSummary, moved_at: datetime) -> None:
     )
     print(f"  items copied now:   {summary.copied}{earlier}")
     print(f"  erased at the source at {utc(moved_at)} UTC:")
-    readback = "yes (every erased item reads back as missing)" if summary.erasure.readback_confirmed else "NO"
-    print(f"  items erased:       {summary.erasure.items_erased}")
-    print(f"  regions dropped:    {summary.erasure.regions_dropped}")
-    print(f"  algorithm:          {summary.erasure.algorithm} (keys destroyed)")
-    print(f"  readback confirmed: {readback}")
+    _print_erasure(summary.erasure)
