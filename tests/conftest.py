@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import os
 import subprocess
 import sys
@@ -18,6 +20,15 @@ from citadeldb_openai_agents.storage.memory_handle import MemoryHandle
 
 KEY = "correct horse battery staple"
 
+# Socket keys at a low scrypt cost in this process and every process a test starts
+# (tests/fast_socket_kdf/sitecustomize.py says why; the cost tests and the demo pay the full one).
+FAST_SOCKET_KDF = Path(__file__).resolve().parent / "fast_socket_kdf"
+os.environ["TESTS_SOCKET_KDF"] = "fast"
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FAST_SOCKET_KDF), os.environ.get("PYTHONPATH")]))
+_fast = importlib.util.spec_from_file_location("fast_socket_kdf", FAST_SOCKET_KDF / "sitecustomize.py")
+assert _fast is not None and _fast.loader is not None
+_fast.loader.exec_module(importlib.util.module_from_spec(_fast))  # installs it here, as site does in children
+
 
 @pytest.fixture
 def clean_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -26,6 +37,13 @@ def clean_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         if name.upper().startswith("CITADEL_"):
             monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture
+def full_cost_socket_kdf(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Socket keys at the cost a deployment pays, here and in the processes this test starts."""
+    monkeypatch.setattr(hashlib, "scrypt", getattr(hashlib.scrypt, "full_cost", hashlib.scrypt))
+    monkeypatch.delenv("TESTS_SOCKET_KDF")
 
 
 @pytest.fixture

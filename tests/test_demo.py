@@ -15,9 +15,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def demo() -> str:
-    """What the demo prints, run once as the README runs it: no API key, no CITADEL_* variable."""
+    """What the demo prints, run once as the README runs it: no API key, no CITADEL_* variable,
+    socket keys at full cost (tests/conftest.py lowers it for every other test's processes)."""
     env = {
-        k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY",) and not k.startswith("CITADEL_")
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("OPENAI_API_KEY", "TESTS_SOCKET_KDF") and not k.startswith("CITADEL_")
     }
     done = subprocess.run(
         [sys.executable, "-m", "citadeldb_openai_agents", "demo"],

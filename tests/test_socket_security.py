@@ -190,6 +190,7 @@ def test_a_fake_owner_records_nothing_that_tests_a_passphrase(
     assert transcripts[0] == (38).to_bytes(4, "big") + b"CDLS" + VERSION.to_bytes(2, "big") + b"n" * 32
 
 
+@pytest.mark.usefixtures("full_cost_socket_kdf")
 def test_testing_a_guess_against_the_socket_costs_more_than_against_the_file(db_path: Path) -> None:
     """A fake client does get the owner's proof: each guess then costs one derivation of the
     socket's key, which must cost more than opening the file with the guess (its own KDF)."""
