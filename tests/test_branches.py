@@ -285,6 +285,35 @@ async def test_usage_is_encrypted_and_goes_with_its_turn(make_store: Any, db_pat
     assert verdicts_after_recreating(reopened, spent) == {"missing"}, "its key destroyed, not hidden"
 
 
+@pytest.mark.parametrize("erasure", ["the max_items cap", "a compaction replacing every item"])
+async def test_a_turn_erased_by_a_cap_or_a_compaction_takes_its_usage_with_it(
+    make_store: Any, erasure: str
+) -> None:
+    """Not only a pop: whatever erases the user message that began a turn erases the turn's
+    usage in the same forget (keys destroyed), as the SDK deletes its usage rows with its items."""
+    store = make_store()
+    session = store.session("s", max_items=4) if erasure == "the max_items cap" else store.session("s")
+    await session.add_items([user("one"), answer("1")])
+    await session.store_run_usage(run_result(1, 10, 5))
+    first = usage_atoms(store, "s")
+    await session.add_items([user("two"), answer("2")])
+    await session.store_run_usage(run_result(1, 20, 7))
+    both = usage_atoms(store, "s")
+    assert sum(map(len, both.values())) == 2
+    if erasure == "the max_items cap":
+        await session.add_items([user("three"), answer("3")])  # turn 1's two items go
+        assert await session.get_items() == [user("two"), answer("2"), user("three"), answer("3")]
+        turns = await session.get_turn_usage()
+        assert [(row["user_turn_number"], row["input_tokens"]) for row in turns] == [(1, 20)]
+        erased, kept = first, 1
+    else:
+        assert await session._atomic_replace_items([user("summary"), answer("compacted")])
+        assert await session.get_session_usage() is None
+        erased, kept = both, 0
+    assert sum(map(len, usage_atoms(store, "s").values())) == kept
+    assert verdicts_after_recreating(store, erased) == {"missing"}, "its key destroyed, not left behind"
+
+
 async def test_branches_names_and_usage_outlive_a_restart(make_store: Any) -> None:
     store = make_store()
     session = store.session("s")

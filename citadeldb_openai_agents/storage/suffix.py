@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from citadeldb.memory import AtomHit, Memory
 
-from . import search_upkeep
+from . import search_upkeep, usage
 from .codec import ITEM_KIND, Batch
 from .ledger import LedgerEntry
 from .reads import newest_in
@@ -154,8 +154,9 @@ def erase_items(layout: SessionLayout, memory: Memory, state: SessionState, atom
             layout.drop_segment(memory, state, number)  # its keys go with it (tests/test_erasure.py)
         elif here:
             with layout.caches.writing(state, number) as cached:
-                # Their search data goes in the same forget (search_upkeep.take_out).
+                # Their search data and the usage of the turns they began go in the same forget.
                 blocks = search_upkeep.take_out(layout, memory, state, number, here)
+                blocks += usage.anchored(layout, memory, state, number, here)
                 memory.forget(layout.region(memory, state, number), here + blocks)
                 cached.remove(here)
                 search_upkeep.store_pending(layout, memory, state, number)

@@ -3,11 +3,11 @@
 One atom per turn, in the segment of the user message that began the turn (its anchor),
 with that message's expiry: it goes with its segment, its branch and its session, and it
 expires with its turn. Storing a turn's usage again replaces it (the old atom's key is
-destroyed); popping the turn's user message erases it, as the SDK drops the turn's row.
+destroyed); erasing the turn's user message erases it in the same forget, whatever erases
+it (a pop, the `max_items` cap, `clear_through`, a compaction's replacement), as the SDK
+drops the turn's usage row with the turn (its `clear_session`: no stale usage is kept).
 Turn numbers are not stored: a turn's is its anchor's rank among the branch's user messages
 when asked, so usage follows its turn even after older turns expired or were capped away.
-An atom whose anchor was erased otherwise (a cap, a compaction) is no turn's: it is never
-reported, and goes with its segment.
 """
 
 from __future__ import annotations

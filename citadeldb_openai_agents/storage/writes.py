@@ -255,7 +255,9 @@ def clear_through(layout: SessionLayout, memory: Memory, state: SessionState, th
             layout.drop_segment(memory, state, number)  # all of it is older
             continue
         with layout.caches.writing(state, number) as cached:
+            # Their search data and the usage of the turns they began go in the same forget.
             blocks = search_upkeep.take_out(layout, memory, state, number, ids)
+            blocks += usage.anchored(layout, memory, state, number, ids)
             record = layout.record(state)
             record.erasing = ids + blocks  # announced: a crash mid-erasure is not damage
             layout.write_record(memory, state)
