@@ -380,7 +380,11 @@ async def test_a_move_carries_every_branch_and_its_usage_and_erases_them_all_at_
     make_store: Any, tmp_path: Path
 ) -> None:
     store, other = make_store(), make_store(tmp_path / "other.cdl")
-    before = await whole(await branched(store))
+    session = await branched(store)
+    await session.create_branch_from_turn(2, "deleted")
+    await session.switch_to_branch("main")
+    await session.delete_branch("deleted")  # its name stays used, and moves with the session
+    before = await whole(session)
     erased = {branch: stored_ids(store, key) for branch, key in (("main", "s"), ("alt", ("s", "alt")))}
     done: list[tuple[int, int]] = []
     summary = store.move_session("s", other, progress=lambda n, total: done.append((n, total)))
@@ -390,17 +394,24 @@ async def test_a_move_carries_every_branch_and_its_usage_and_erases_them_all_at_
     assert store.session_ids() == [] and await store.session("s").list_branches() == []
     for ids in erased.values():
         assert verdicts_after_recreating(store, ids) == {"missing"}
-    with pytest.raises(BranchError, match="already been used"):  # the name came with it
-        await other.session("s").create_branch_from_turn(1, "alt")
+    for name in ("alt", "deleted"):  # the names came with it
+        with pytest.raises(BranchError, match="already been used"):
+            await other.session("s").create_branch_from_turn(1, name)
 
 
 async def test_a_move_through_an_owner_carries_the_branches_too(db_path: Path, tmp_path: Path) -> None:
     with owner_running(OWNER, db_path) as owner, CitadelSessionStore(db_path, KEY) as client:
         assert client.served_by == owner.pid
-        before = await whole(await branched(client))
+        session = await branched(client)
+        await session.create_branch_from_turn(2, "deleted")
+        await session.switch_to_branch("main")
+        await session.delete_branch("deleted")
+        before = await whole(session)
         with CitadelSessionStore(tmp_path / "other.cdl", KEY, argon2_profile="iot") as other:
             assert client.move_session("s", other).items == 8
             assert await whole(other.session("s")) == before
+            with pytest.raises(BranchError, match="already been used"):  # read through the owner
+                await other.session("s").create_branch_from_turn(1, "deleted")
         assert client.session_ids() == []
 
 

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,6 +43,7 @@ from citadeldb_openai_agents.serving import handover
 from citadeldb_openai_agents.serving.address import Secret, socket_path
 from citadeldb_openai_agents.serving.channel import Channel
 from citadeldb_openai_agents.serving.handover import Opening
+from citadeldb_openai_agents.serving.operations import Operation, nothing
 from citadeldb_openai_agents.serving.protocol import OwnerHello, Terms
 from citadeldb_openai_agents.storage.lockholder import find_lock_holder
 
@@ -352,6 +354,34 @@ def test_a_process_that_finds_the_file_held_by_one_still_opening_it_waits_for_it
 
 
 # -- the socket ------------------------------------------------------------------------------
+
+
+def test_a_call_the_owner_refuses_fails_at_once_instead_of_being_resent_for_ever(
+    service: Service, db_path: Path
+) -> None:
+    """An owner drops a client that sends what it does not know (another version's operation, a
+    bug). The client, finding the same owner still there, must not send the call again and again."""
+    unknown = Operation[None](
+        "not_an_operation_of_this_owner", lambda *args: None, (), nothing, resend=True, session=False
+    )
+    with CitadelSessionStore(db_path, KEY) as client:
+        assert client.served_by == service.pid
+        raised: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                client._file._call(unknown)
+            except BaseException as exc:
+                raised.append(exc)
+
+        caller = threading.Thread(target=call, daemon=True)
+        caller.start()
+        caller.join(30)
+        assert not caller.is_alive(), "the call was sent again and again"
+        assert len(raised) == 1 and isinstance(raised[0], StorageError), raised
+        assert f"process {service.pid}" in str(raised[0]) and "same version" in str(raised[0])
+        assert asyncio.run(client.session("alice").get_items()) == []  # the client still works
+    assert service.ask("add alice still serving") == "added"
 
 
 def test_garbage_on_the_socket_does_not_stop_the_owner(service: Service, db_path: Path) -> None:

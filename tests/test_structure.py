@@ -326,3 +326,14 @@ def test_a_session_made_without_settings_still_shows_the_sdks_default() -> None:
     assert session.session_settings == SessionSettings()
     session.session_settings = SessionSettings(limit=3)
     assert session.session_settings.limit == 3
+
+
+def test_the_owner_answers_every_operation_a_client_can_send() -> None:
+    """Each operation declared in serving/operations.py is in the table the owner dispatches from
+    (one left out: every client's call of it was dropped by the owner as not a call)."""
+    from citadeldb_openai_agents.serving import operations
+
+    declared = {
+        value.name: value for value in vars(operations).values() if isinstance(value, operations.Operation)
+    }
+    assert declared == operations.OPERATIONS

@@ -332,6 +332,7 @@ STORE_USAGE = Operation[bool](
     "store_usage", usage_store.store, (KEY, usage, optional(whole)), flag, resend=True
 )
 RESERVE = Operation[None]("reserve", branches.reserve, (S, many(text)), nothing, resend=True)
+RESERVED = Operation[list[str]]("reserved", branches.reserved, (S,), many(text), resend=True)
 USAGE = Operation[list[tuple[str, int, dict[str, Any]]]](
     "usage", branches.usage_of, (S, optional(text)), many(pair(text, whole, usage)), resend=True
 )
@@ -378,6 +379,7 @@ OPERATIONS: dict[str, Operation[Any]] = {
         DELETE_BRANCH,
         STORE_USAGE,
         RESERVE,
+        RESERVED,
         USAGE,
         ERASE,
         SESSION_IDS,

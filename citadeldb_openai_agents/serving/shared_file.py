@@ -34,6 +34,7 @@ from ..shards import Ring, RingFile
 from ..storage.codec import Batch
 from ..storage.files import resolve_path
 from ..storage.local_file import LocalFile
+from ..storage.process_state import gone
 from ..storage.segments import SessionKey
 from . import operations as ops
 from . import served_files
@@ -195,6 +196,9 @@ class SharedFile:
     def reserve(self, session_id: str, names: list[str]) -> None:
         self._call(ops.RESERVE, session_id, names)
 
+    def reserved(self, session_id: str) -> list[str]:
+        return self._call(ops.RESERVED, session_id)
+
     def usage(self, session_id: str, branch: str | None) -> list[tuple[str, int, dict[str, Any]]]:
         return self._call(ops.USAGE, session_id, branch)
 
@@ -303,6 +307,7 @@ class SharedFile:
         if operation.session:
             self.check_shard(args[0] if isinstance(args[0], str) else args[0][0])  # before anything is done
         deadline: float | None = None
+        dropped_by: int | None = None
         note = None if noted is None else noted.append
         while True:
             # A write names its batch: `resent` when an owner that died may have stored it.
@@ -320,6 +325,7 @@ class SharedFile:
                         f"{operation.name}, so whether it was done is unknown. `python -m citadeldb_openai_agents "
                         "sessions` (or verify) shows what the file holds; run it again if it was not done."
                     ) from None
+                dropped_by = self._dropped_again(operation, transport, dropped_by)
                 resent = True
                 if deadline is None:
                     # Counted from this call's first failure, not once it gets the lock: calls queued
@@ -333,6 +339,25 @@ class SharedFile:
                         self._transport = self._attach(deadline)
                 if noted:
                     raise _GoneAfterNote() from None
+
+    def _dropped_again(
+        self, operation: Operation[Any], transport: Transport | None, before: int | None
+    ) -> int | None:
+        """The owner that dropped the call; raises when the same owner, still running, drops it again.
+
+        An owner that stops hands over, and a new connection finds the next one; one that lets
+        this process connect again and drops the same call refuses it (a version it does not
+        speak, a bug): sent again, the call would loop for ever.
+        """
+        pid = None if transport is None else transport.owner_pid
+        if pid and pid == before and not gone(pid):
+            raise StorageError(
+                f"process {pid}, which serves {self.path}, closed the connection during "
+                f"{operation.name} twice and still runs: it refuses the call (its log says why). Every "
+                "process that opens the file must run the same version of citadeldb-openai-agents: "
+                "restart those that do not."
+            )
+        return pid
 
     def _attach(self, deadline: float) -> Transport:
         if self._released:

@@ -113,6 +113,11 @@ def reserve(layout: SessionLayout, memory: Memory, main: SessionState, names: li
         layout.write_record(memory, main)
 
 
+def reserved(layout: SessionLayout, memory: Memory, main: SessionState) -> list[str]:
+    """Every branch name the session has used but MAIN, deleted branches' included (a move's)."""
+    return [] if main.record is None else list(main.record.branches)
+
+
 def delete(layout: SessionLayout, memory: Memory, main: SessionState, branch: str) -> Erasure:
     """Erase a branch other than MAIN, keys destroyed, with a receipt (its name stays used)."""
     target = layout.state((main.session_id, branch))

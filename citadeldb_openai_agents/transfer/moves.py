@@ -123,9 +123,12 @@ def _move(
     if found.conflicts():
         raise _conflict(source, target, [found])
     start, total = found.copied_before(), _count(found.source)
-    others = [name for name in found.source if name != MAIN]
+    # Every name the session used, deleted branches' too: as created there, none can be used again.
+    others = list(
+        dict.fromkeys([*source.reserved(session_id), *(name for name in found.source if name != MAIN)])
+    )
     if others:
-        target.reserve(session_id, others)  # as a branch created there: its name is used
+        target.reserve(session_id, others)
     done = 0
     for name, items in found.source.items():
         told = None if progress is None else _offset(progress, done, total)
