@@ -188,11 +188,13 @@ class ExportSummary:
 @dataclass(frozen=True)
 class SessionExport:
     """A session whole: each branch's items ("main" first) with their creation time (µs since the
-    epoch), and each turn's stored usage as (branch, user turn, usage)."""
+    epoch), each turn's stored usage as (branch, user turn, usage), and every branch name the
+    session has used but "main", deleted branches' included (none can be used again)."""
 
     session_id: str
     branches: dict[str, list[tuple[Any, int]]]
     usage: list[tuple[str, int, dict[str, Any]]] = field(default_factory=list)
+    reserved: list[str] = field(default_factory=list)
 
     @property
     def items(self) -> list[Any]:

@@ -111,7 +111,7 @@ class Transfers:
 
     def export_session(self, session_id: str) -> SessionExport:
         """A session whole (a data-access request): every branch's items with when each was written,
-        and every turn's usage stored.
+        every turn's usage stored, and every branch name the session used.
 
         Raises:
             SessionNotFoundError: no branch of the session holds a live item.
@@ -124,7 +124,8 @@ class Transfers:
         for name in sorted(names, key=lambda branch: branch != MAIN):
             rows = self._file.item_rows(key_of(session_id, name))
             branches[name] = [(decode_item(payload), created) for _, created, payload in rows]
-        return SessionExport(session_id, branches, self._file.usage(session_id, None))
+        usage = self._file.usage(session_id, None)
+        return SessionExport(session_id, branches, usage, self._file.reserved(session_id))
 
     def move_session(
         self, session_id: str, other: Transfers, *, progress: Progress | None = None

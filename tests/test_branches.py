@@ -561,6 +561,13 @@ async def test_an_sdk_file_with_branches_and_usage_goes_in_and_comes_out_as_it_w
     assert await what_it_holds(read_back) == original
     plain = AdvancedSQLiteSession(session_id="t", db_path=str(tmp_path / "out.db"))
     assert await plain.get_items() == [user("another session"), answer("plain")]
+    if "branch_reservations" in sqlite_tables(tmp_path / "sdk.db"):  # the deleted branch's name went out too
+        with pytest.raises(ValueError, match="'gone' has already been used"):
+            await read_back.create_branch_from_turn(1, "gone")
+        again = make_store(tmp_path / "again.cdl")
+        import_file(again, tmp_path / "out.db")
+        with pytest.raises(BranchError, match="'gone' has already been used"):
+            await again.session("s").create_branch_from_turn(1, "gone")
 
 
 def sqlite_tables(path: Path) -> set[str]:
@@ -580,6 +587,8 @@ async def test_export_all_writes_each_branch_and_the_usage_in_json_lines(
     assert (main["session_id"], main["items"], "branch" in main) == ("s", 6, False)
     assert (alt["session_id"], alt["branch"], alt["items"]) == ("s", "alt", 4)
     assert [u["user_turn_number"] for u in main["usage"]] == [1, 2] and alt["usage"][0]["requests"] == 4
+    if "branch_reservations" in sqlite_tables(tmp_path / "sdk.db"):  # openai-agents 0.24 keeps used names
+        assert main["used_branch_names"] == ["alt", "gone"]
     lines = (tmp_path / "out" / alt["file"]).read_text().splitlines()
     assert [json.loads(line) for line in lines] == [
         user("hello there"),

@@ -110,6 +110,8 @@ def write_session_files(
             entry: dict[str, Any] = {"file": name, "session_id": session_id, "items": len(rows)}
             if branch != "main":
                 entry["branch"] = branch
+            elif session.reserved:
+                entry["used_branch_names"] = session.reserved  # deleted branches' too
             used = [{"user_turn_number": turn, **usage} for b, turn, usage in session.usage if b == branch]
             if used:
                 entry["usage"] = used

@@ -101,6 +101,14 @@ _STRUCTURE_SCHEMA = (
     "CREATE INDEX IF NOT EXISTS idx_structure_turn ON message_structure(session_id, branch_id, user_turn_number)",
     "CREATE INDEX IF NOT EXISTS idx_structure_branch_seq ON message_structure(session_id, branch_id, sequence_number)",
     "CREATE INDEX IF NOT EXISTS idx_turn_usage_session_turn ON turn_usage(session_id, branch_id, user_turn_number)",
+    # `_ensure_branch_reservations_table` (0.24): every branch name a session used, deleted ones too.
+    """
+            CREATE TABLE IF NOT EXISTS branch_reservations (
+                session_id TEXT NOT NULL,
+                branch_id TEXT NOT NULL,
+                PRIMARY KEY (session_id, branch_id)
+            )
+        """,
 )
 
 
@@ -281,6 +289,9 @@ def _details(data: Any) -> dict[str, Any] | None:
     return found if isinstance(found, dict) else None
 
 
+_RESERVATION = ("session_id", "branch_id")
+
+
 def write_sqlite_file(
     destination: str | os.PathLike[str],
     sessions: Iterable[tuple[SessionExport, datetime | None, datetime | None]],
@@ -323,6 +334,7 @@ def _write_sessions(
     # session has another branch or usage (else the file is exactly SQLiteSession's).
     connection.execute(f"CREATE TEMP TABLE message_structure ({', '.join(_STRUCTURE)})")
     connection.execute(f"CREATE TEMP TABLE turn_usage ({', '.join(_USAGE)})")
+    connection.execute(f"CREATE TEMP TABLE branch_reservations ({', '.join(_RESERVATION)})")
     advanced = False
     for session, first, last in sessions:
         _refuse_unstorable(session.session_id)
@@ -332,18 +344,25 @@ def _write_sessions(
             (session.session_id, _timestamp(first), _timestamp(last)),
         )
         _write_session(connection, session)
-        advanced = advanced or bool(session.usage) or any(b != "main" for b in session.branches)
+        advanced = (
+            advanced or bool(session.usage or session.reserved) or any(b != "main" for b in session.branches)
+        )
     if advanced:
         for statement in _STRUCTURE_SCHEMA:
             connection.execute(statement.replace("IF NOT EXISTS ", "IF NOT EXISTS main.", 1))
-        for table, columns in (("message_structure", _STRUCTURE), ("turn_usage", _USAGE)):
+        tables = (
+            ("message_structure", _STRUCTURE),
+            ("turn_usage", _USAGE),
+            ("branch_reservations", _RESERVATION),
+        )
+        for table, columns in tables:
             listed = ", ".join(columns)
             connection.execute(f"INSERT INTO main.{table} ({listed}) SELECT {listed} FROM temp.{table}")
 
 
 def _write_session(connection: sqlite3.Connection, session: SessionExport) -> None:
     """A session's messages, each branch's structure rows (a branch shares the messages its first
-    items have in common with main, as the SDK's branches do), and its usage rows."""
+    items have in common with main, as the SDK's branches do), its used branch names and its usage rows."""
     sid, sequence = session.session_id, 0
     main: list[tuple[str, int]] = []  # main's messages: their text and row id
     for branch, items in session.branches.items():
@@ -376,6 +395,10 @@ def _write_session(connection: sqlite3.Connection, session: SessionExport) -> No
                     place.timestamp,
                 ),
             )
+    for branch in dict.fromkeys([*session.branches, *session.reserved]):  # as the SDK's backfill, main too
+        connection.execute(
+            "INSERT INTO temp.branch_reservations (session_id, branch_id) VALUES (?, ?)", (sid, branch)
+        )
     for branch, turn, used in session.usage:
         connection.execute(
             f"INSERT INTO temp.turn_usage ({', '.join(_USAGE)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
