@@ -353,9 +353,9 @@ class SharedFile:
         if pid and pid == before and not gone(pid):
             raise StorageError(
                 f"process {pid}, which serves {self.path}, closed the connection during "
-                f"{operation.name} twice and still runs: it refuses the call (its log says why). Every "
-                "process that opens the file must run the same version of citadeldb-openai-agents: "
-                "restart those that do not."
+                f"{operation.name} twice and still runs: it refuses the call (its log says why: an "
+                "operation it does not know, or a message over its limits). Every process that opens "
+                "the file must run the same version of citadeldb-openai-agents: restart those that do not."
             )
         return pid
 
