@@ -19,7 +19,8 @@ from ..results import ExportSummary, ImportReport, ImportSummary, Progress, Sess
 from ..store import CitadelSessionStore
 from ..transfer.chunks import CHUNK, IMPORT_MODES, ImportMode, as_stored, plan
 from .jsonl import JsonlSource, write_session_files
-from .sdk_files import MESSAGES_TABLE, SESSIONS_TABLE, SqliteSource, is_sqlite, write_sqlite_file
+from .sdk_files import SqliteSource, is_sqlite, write_sqlite_file
+from .sdk_schema import MESSAGES_TABLE, SESSIONS_TABLE
 
 
 def import_file(

@@ -27,114 +27,17 @@ from urllib.parse import quote
 from .. import turns
 from ..errors import CitadelSessionError, ExportExistsError, ImportSourceError
 from ..results import SessionExport
+from .sdk_schema import (
+    MESSAGES_TABLE,
+    RESERVATION_COLUMNS,
+    SCHEMA,
+    SESSIONS_TABLE,
+    STRUCTURE_COLUMNS,
+    STRUCTURE_SCHEMA,
+    USAGE_COLUMNS,
+)
 
 SQLITE_HEADER = b"SQLite format 3\x00"
-SESSIONS_TABLE, MESSAGES_TABLE = "agent_sessions", "agent_messages"
-
-# `SQLiteSession._create_schema_for_connection`, for the default table names.
-_SCHEMA = (
-    f"""
-            CREATE TABLE IF NOT EXISTS {SESSIONS_TABLE} (
-                session_id TEXT PRIMARY KEY,
-                created_at TIMESTAMP DEFAULT CURRENT_TIMESTAMP,
-                updated_at TIMESTAMP DEFAULT CURRENT_TIMESTAMP
-            )
-        """,
-    f"""
-            CREATE TABLE IF NOT EXISTS {MESSAGES_TABLE} (
-                id INTEGER PRIMARY KEY AUTOINCREMENT,
-                session_id TEXT NOT NULL,
-                message_data TEXT NOT NULL,
-                created_at TIMESTAMP DEFAULT CURRENT_TIMESTAMP,
-                FOREIGN KEY (session_id) REFERENCES {SESSIONS_TABLE} (session_id)
-                    ON DELETE CASCADE
-            )
-        """,
-    f"""
-            CREATE INDEX IF NOT EXISTS idx_{MESSAGES_TABLE}_session_id
-            ON {MESSAGES_TABLE} (session_id, id)
-        """,
-)
-
-
-# `AdvancedSQLiteSession._init_structure_tables`: its branches (message_structure) and usage
-# (turn_usage), with the foreign keys by which it recognises the tables as its own.
-_STRUCTURE_SCHEMA = (
-    f"""
-            CREATE TABLE IF NOT EXISTS message_structure (
-                id INTEGER PRIMARY KEY AUTOINCREMENT,
-                session_id TEXT NOT NULL,
-                message_id INTEGER NOT NULL,
-                branch_id TEXT NOT NULL DEFAULT 'main',
-                message_type TEXT NOT NULL,
-                sequence_number INTEGER NOT NULL,
-                user_turn_number INTEGER,
-                branch_turn_number INTEGER,
-                tool_name TEXT,
-                created_at TIMESTAMP DEFAULT CURRENT_TIMESTAMP,
-                FOREIGN KEY (session_id)
-                    REFERENCES {SESSIONS_TABLE}(session_id) ON DELETE CASCADE,
-                FOREIGN KEY (message_id)
-                    REFERENCES {MESSAGES_TABLE}(id) ON DELETE CASCADE
-            )
-        """,
-    f"""
-            CREATE TABLE IF NOT EXISTS turn_usage (
-                id INTEGER PRIMARY KEY AUTOINCREMENT,
-                session_id TEXT NOT NULL,
-                branch_id TEXT NOT NULL DEFAULT 'main',
-                user_turn_number INTEGER NOT NULL,
-                requests INTEGER DEFAULT 0,
-                input_tokens INTEGER DEFAULT 0,
-                output_tokens INTEGER DEFAULT 0,
-                total_tokens INTEGER DEFAULT 0,
-                input_tokens_details JSON,
-                output_tokens_details JSON,
-                created_at TIMESTAMP DEFAULT CURRENT_TIMESTAMP,
-                FOREIGN KEY (session_id)
-                    REFERENCES {SESSIONS_TABLE}(session_id) ON DELETE CASCADE,
-                UNIQUE(session_id, branch_id, user_turn_number)
-            )
-        """,
-    "CREATE INDEX IF NOT EXISTS idx_structure_session_seq ON message_structure(session_id, sequence_number)",
-    "CREATE INDEX IF NOT EXISTS idx_structure_branch ON message_structure(session_id, branch_id)",
-    "CREATE INDEX IF NOT EXISTS idx_structure_turn ON message_structure(session_id, branch_id, user_turn_number)",
-    "CREATE INDEX IF NOT EXISTS idx_structure_branch_seq ON message_structure(session_id, branch_id, sequence_number)",
-    "CREATE INDEX IF NOT EXISTS idx_turn_usage_session_turn ON turn_usage(session_id, branch_id, user_turn_number)",
-    # `_ensure_branch_reservations_table` (0.24): every branch name a session used, deleted ones too.
-    """
-            CREATE TABLE IF NOT EXISTS branch_reservations (
-                session_id TEXT NOT NULL,
-                branch_id TEXT NOT NULL,
-                PRIMARY KEY (session_id, branch_id)
-            )
-        """,
-)
-
-
-# The columns this package writes of each (the others take the SDK's defaults).
-_STRUCTURE = (
-    "session_id",
-    "message_id",
-    "branch_id",
-    "message_type",
-    "sequence_number",
-    "user_turn_number",
-    "branch_turn_number",
-    "tool_name",
-    "created_at",
-)
-_USAGE = (
-    "session_id",
-    "branch_id",
-    "user_turn_number",
-    "requests",
-    "input_tokens",
-    "output_tokens",
-    "total_tokens",
-    "input_tokens_details",
-    "output_tokens_details",
-)
 
 
 def is_sqlite(path: str | os.PathLike[str]) -> bool:
@@ -289,9 +192,6 @@ def _details(data: Any) -> dict[str, Any] | None:
     return found if isinstance(found, dict) else None
 
 
-_RESERVATION = ("session_id", "branch_id")
-
-
 def write_sqlite_file(
     destination: str | os.PathLike[str],
     sessions: Iterable[tuple[SessionExport, datetime | None, datetime | None]],
@@ -328,13 +228,13 @@ def write_sqlite_file(
 def _write_sessions(
     connection: sqlite3.Connection, sessions: Iterable[tuple[SessionExport, datetime | None, datetime | None]]
 ) -> None:
-    for statement in _SCHEMA:
+    for statement in SCHEMA:
         connection.execute(statement)
     # Structure rows wait aside: AdvancedSQLiteSession's tables are written only if a
     # session has another branch or usage (else the file is exactly SQLiteSession's).
-    connection.execute(f"CREATE TEMP TABLE message_structure ({', '.join(_STRUCTURE)})")
-    connection.execute(f"CREATE TEMP TABLE turn_usage ({', '.join(_USAGE)})")
-    connection.execute(f"CREATE TEMP TABLE branch_reservations ({', '.join(_RESERVATION)})")
+    connection.execute(f"CREATE TEMP TABLE message_structure ({', '.join(STRUCTURE_COLUMNS)})")
+    connection.execute(f"CREATE TEMP TABLE turn_usage ({', '.join(USAGE_COLUMNS)})")
+    connection.execute(f"CREATE TEMP TABLE branch_reservations ({', '.join(RESERVATION_COLUMNS)})")
     advanced = False
     for session, first, last in sessions:
         _refuse_unstorable(session.session_id)
@@ -348,12 +248,12 @@ def _write_sessions(
             advanced or bool(session.usage or session.reserved) or any(b != "main" for b in session.branches)
         )
     if advanced:
-        for statement in _STRUCTURE_SCHEMA:
+        for statement in STRUCTURE_SCHEMA:
             connection.execute(statement.replace("IF NOT EXISTS ", "IF NOT EXISTS main.", 1))
         tables = (
-            ("message_structure", _STRUCTURE),
-            ("turn_usage", _USAGE),
-            ("branch_reservations", _RESERVATION),
+            ("message_structure", STRUCTURE_COLUMNS),
+            ("turn_usage", USAGE_COLUMNS),
+            ("branch_reservations", RESERVATION_COLUMNS),
         )
         for table, columns in tables:
             listed = ", ".join(columns)
@@ -382,7 +282,7 @@ def _write_session(connection: sqlite3.Connection, session: SessionExport) -> No
                 main.append((text, message))
             sequence += 1
             connection.execute(
-                f"INSERT INTO temp.message_structure ({', '.join(_STRUCTURE)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO temp.message_structure ({', '.join(STRUCTURE_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     sid,
                     message,
@@ -401,7 +301,7 @@ def _write_session(connection: sqlite3.Connection, session: SessionExport) -> No
         )
     for branch, turn, used in session.usage:
         connection.execute(
-            f"INSERT INTO temp.turn_usage ({', '.join(_USAGE)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            f"INSERT INTO temp.turn_usage ({', '.join(USAGE_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 sid,
                 branch,
