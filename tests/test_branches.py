@@ -40,6 +40,7 @@ from citadeldb_openai_agents import (
     import_file,
     restore_backup,
 )
+from citadeldb_openai_agents.storage.memory_handle import MemoryHandle
 
 from conftest import KEY
 
@@ -287,11 +288,20 @@ async def test_usage_is_encrypted_and_goes_with_its_turn(make_store: Any, db_pat
 
 @pytest.mark.parametrize("erasure", ["the max_items cap", "a compaction replacing every item"])
 async def test_a_turn_erased_by_a_cap_or_a_compaction_takes_its_usage_with_it(
-    make_store: Any, erasure: str
+    make_store: Any, erasure: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Not only a pop: whatever erases the user message that began a turn erases the turn's
-    usage in the same forget (keys destroyed), as the SDK deletes its usage rows with its items."""
+    usage in the same forget (keys destroyed), as the SDK deletes its usage rows with its items,
+    and the record announces it first (a crash mid-forget is then not damage)."""
     store = make_store()
+    unannounced: list[int] = []
+
+    def forget(handle: MemoryHandle, region: str, ids: list[int]) -> Any:
+        announced = set(store._file._local._layout.state("s").record.erasing)
+        usage_ids = {atom for atoms in usage_atoms(store, "s").values() for atom in atoms}
+        unannounced.extend(atom for atom in ids if atom in usage_ids and atom not in announced)
+        return handle.__getattr__("forget")(region, ids)  # Citadel's own
+
     session = store.session("s", max_items=4) if erasure == "the max_items cap" else store.session("s")
     await session.add_items([user("one"), answer("1")])
     await session.store_run_usage(run_result(1, 10, 5))
@@ -300,6 +310,7 @@ async def test_a_turn_erased_by_a_cap_or_a_compaction_takes_its_usage_with_it(
     await session.store_run_usage(run_result(1, 20, 7))
     both = usage_atoms(store, "s")
     assert sum(map(len, both.values())) == 2
+    monkeypatch.setattr(MemoryHandle, "forget", forget, raising=False)
     if erasure == "the max_items cap":
         await session.add_items([user("three"), answer("3")])  # turn 1's two items go
         assert await session.get_items() == [user("two"), answer("2"), user("three"), answer("3")]
@@ -310,6 +321,8 @@ async def test_a_turn_erased_by_a_cap_or_a_compaction_takes_its_usage_with_it(
         assert await session._atomic_replace_items([user("summary"), answer("compacted")])
         assert await session.get_session_usage() is None
         erased, kept = both, 0
+    monkeypatch.undo()
+    assert not unannounced, "a usage atom forgotten before the record announced it"
     assert sum(map(len, usage_atoms(store, "s").values())) == kept
     assert verdicts_after_recreating(store, erased) == {"missing"}, "its key destroyed, not left behind"
 

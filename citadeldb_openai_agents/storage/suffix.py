@@ -154,10 +154,15 @@ def erase_items(layout: SessionLayout, memory: Memory, state: SessionState, atom
             layout.drop_segment(memory, state, number)  # its keys go with it (tests/test_erasure.py)
         elif here:
             with layout.caches.writing(state, number) as cached:
-                # Their search data and the usage of the turns they began go in the same forget.
+                # Their search data and the usage of the turns they began go in the same forget;
+                # the usage is announced as the items were (a crash mid-erasure is not damage).
                 blocks = search_upkeep.take_out(layout, memory, state, number, here)
-                blocks += usage.anchored(layout, memory, state, number, here)
-                memory.forget(layout.region(memory, state, number), here + blocks)
+                used = usage.anchored(layout, memory, state, number, here)
+                if used:
+                    record = layout.record(state)
+                    record.erasing = [*record.erasing, *used]
+                    layout.write_record(memory, state)
+                memory.forget(layout.region(memory, state, number), here + blocks + used)
                 cached.remove(here)
                 search_upkeep.store_pending(layout, memory, state, number)
         if hits and hits[0].id <= min(remaining, default=0):
