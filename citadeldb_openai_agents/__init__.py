@@ -113,7 +113,7 @@ __all__ = [
     "verify_file",
     "write_ring_file",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 if TYPE_CHECKING:
     from .session import CitadelSession

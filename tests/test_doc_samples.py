@@ -75,7 +75,10 @@ def run(command: str, stdin: str = "") -> tuple[list[str], int]:
         patch.setattr("sys.stdin", io.StringIO(stdin))
         for name, value in variables.items():
             patch.setenv(name, value)
-        status = main(words[3:])
+        try:
+            status = main(words[3:])
+        except SystemExit as exited:  # a usage error ends as argparse ends its own
+            status = int(exited.code or 0)
     return raw.getvalue().decode().splitlines(), status
 
 
@@ -136,8 +139,10 @@ def test_the_sessions_export_and_erase_samples_are_what_the_commands_print(srv: 
         "python -m citadeldb_openai_agents export user-123",
         "python -m citadeldb_openai_agents export user-123 --out user-123.jsonl",
         "python -m citadeldb_openai_agents export nobody",
+        "python -m citadeldb_openai_agents export user-123 --format sqlite",
     ):
         assert_as_shown(command, srv, "/srv/agent")
+    assert not (srv / "user-123").exists()
     # The page answers the prompt (its first two lines) with y; --yes prints the same receipt.
     shown, _ = sample("python -m citadeldb_openai_agents erase user-123")
     printed, code = run("python -m citadeldb_openai_agents erase user-123 --yes")
@@ -170,13 +175,15 @@ def test_the_import_and_leaving_samples_are_what_the_commands_print(
         sdk.close()
     for command, nth in (("import old.db", 0), ("import old.db --create", 0), ("import old.db", 1)):
         assert_as_shown(f"python -m citadeldb_openai_agents {command}", tmp_path, "/tmp/mig", nth)
-    assert_as_shown("python -m citadeldb_openai_agents export --format sqlite out.db", tmp_path, "/tmp/mig")
+    assert_as_shown(
+        "python -m citadeldb_openai_agents export --format sqlite --all --out out.db", tmp_path, "/tmp/mig"
+    )
     reader = "print(asyncio.run(SQLiteSession('user-123', 'out.db').get_items()))"
     shown, _ = sample(f'python -c "import asyncio; from agents import SQLiteSession; {reader}"')
     assert [str(asyncio.run(SQLiteSession("user-123", str(tmp_path / "out.db")).get_items()))] == shown
-    assert_as_shown("python -m citadeldb_openai_agents export --all exported", tmp_path, "/tmp/mig")
+    assert_as_shown("python -m citadeldb_openai_agents export --all --out exported", tmp_path, "/tmp/mig")
     assert_as_shown(
-        "python -m citadeldb_openai_agents export --format sqlite out.db", tmp_path, "/tmp/mig", 1
+        "python -m citadeldb_openai_agents export --format sqlite --all --out out.db", tmp_path, "/tmp/mig", 1
     )
 
 

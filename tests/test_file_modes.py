@@ -72,8 +72,11 @@ def test_move_and_import_targets_and_exports_are_0600(tmp_path: Path) -> None:
     done = run("import", str(exported), "--session-id", "b", "--create", env=environment(imported))
     assert done.returncode == 0, done.stderr
     assert set(modes(database_files(str(imported))).values()) == {0o600}
-    assert run("export", "--format", "sqlite", str(tmp_path / "all.db"), env=env).returncode == 0
-    assert run("export", "--all", str(tmp_path / "dump"), env=env).returncode == 0
+    assert (
+        run("export", "--format", "sqlite", "--all", "--out", str(tmp_path / "all.db"), env=env).returncode
+        == 0
+    )
+    assert run("export", "--all", "--out", str(tmp_path / "dump"), env=env).returncode == 0
     written = [str(exported), str(tmp_path / "all.db"), *(str(p) for p in (tmp_path / "dump").iterdir())]
     assert set(modes(written).values()) == {0o600}, modes(written)
 
@@ -97,7 +100,7 @@ def test_no_output_is_written_through_a_symlink(tmp_path: Path, dangling: bool) 
     env = environment(path)
     for args in (
         ["export", "s", "--out", str(link("s.jsonl"))],
-        ["export", "--format", "sqlite", str(link("all.db"))],
+        ["export", "--format", "sqlite", "--all", "--out", str(link("all.db"))],
     ):
         refused = run(*args, env=env)
         assert refused.returncode == 1 and "refusing to overwrite" in refused.stderr, refused
@@ -105,7 +108,7 @@ def test_no_output_is_written_through_a_symlink(tmp_path: Path, dangling: bool) 
     dump = tmp_path / "dump"
     dump.mkdir()
     (dump / "index.json").symlink_to(aim)
-    refused = run("export", "--all", str(dump), env=env)
+    refused = run("export", "--all", "--out", str(dump), env=env)
     assert refused.returncode == 1 and "refusing to overwrite" in refused.stderr, refused
     assert [p.name for p in dump.iterdir()] == ["index.json"], "an export wrote beside a refused target"
     # Nothing was written where the links point.
@@ -116,14 +119,16 @@ def test_export_all_handles_every_id_the_store_accepts(tmp_path: Path) -> None:
     path = tmp_path / "agent.cdl"
     with CitadelSessionStore(path, PASSPHRASE, argon2_profile="iot") as store:
         asyncio.run(store.session(SURROGATE_ID).add_items(items("odd id")))
-    done = run("export", "--all", str(tmp_path / "dump"), env=environment(path))
+    done = run("export", "--all", "--out", str(tmp_path / "dump"), env=environment(path))
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     [entry] = json.loads((tmp_path / "dump" / "index.json").read_text(encoding="utf-8"))
     assert entry["session_id"] == SURROGATE_ID and entry["items"] == 1
     line = (tmp_path / "dump" / entry["file"]).read_text(encoding="utf-8")
     assert json.loads(line) == items("odd id")[0]
     # SQLite's text cannot hold it: refused by name, nothing written, no traceback.
-    refused = run("export", "--format", "sqlite", str(tmp_path / "all.db"), env=environment(path))
+    refused = run(
+        "export", "--format", "sqlite", "--all", "--out", str(tmp_path / "all.db"), env=environment(path)
+    )
     assert (
         refused.returncode == 1 and "lone surrogate" in refused.stderr and "Traceback" not in refused.stderr
     )

@@ -34,6 +34,7 @@ from ..config import (
     verify_from_config,
 )
 from ..options import DEFAULT_SYNC_MODE
+from ..results import ExportSummary
 from . import receipts, render
 
 
@@ -93,13 +94,58 @@ def sessions(args: argparse.Namespace) -> int:
 
 
 def export(args: argparse.Namespace) -> int:
-    if args.all_dir is not None or args.format == "sqlite":
-        return _export_files(args)
-    if len(args.targets) != 1:
-        return _usage("export takes one SESSION_ID (or --format sqlite DEST.db, or --all DIR)")
-    session_id = args.targets[0]
+    """`export SESSION_ID... | --all` with `--out PATH` and `--format jsonl|sqlite`.
+
+    A positional argument is a session id whatever the format, the destination comes from
+    --out alone, and every session only from --all: an access request for one person must
+    never be answered with everyone's history by a misplaced argument.
+    """
+    _check_export_arguments(args)
+    session_ids = None if args.every_session else list(args.session_ids)
+    if args.format == "jsonl" and session_ids is not None and len(session_ids) == 1:
+        return _export_one(args, session_ids[0])
+    with _open(args) as store, render.progress_bar("exporting", enabled=not args.json) as progress:
+        if args.format == "sqlite":
+            summary = export_sqlite(store, args.out, session_ids, progress=progress)
+        else:
+            summary = export_all(store, args.out, session_ids, progress=progress)
+        path = store.path
+    if args.json:
+        render.print_json(render.export_dict(path, summary))
+    else:
+        render.print_export(path, summary)
+    return 0
+
+
+def _check_export_arguments(args: argparse.Namespace) -> None:
+    """Exit 2, before the file is opened, for any export whose sessions or destination are unclear."""
+    if args.format == "sqlite" and args.out is None:
+        # In 0.1.0 the first argument was the new file: `export user-123 --format sqlite`
+        # wrote every session to a file named user-123. Now the same words write nothing.
+        _usage(
+            "export --format sqlite writes the new file --out names, and every other argument is a "
+            "session id: export --format sqlite --out DEST.db SESSION_ID... (every session: --all "
+            "instead of the ids). Nothing was written."
+        )
+    if args.every_session and args.session_ids:
+        _usage(
+            "--all exports every session: give session ids or --all, not both (a directory is given "
+            "with --out: export --all --out DIR). Nothing was written."
+        )
+    if not args.every_session and not args.session_ids:
+        _usage("name the sessions to export, or --all for every session (with --out)")
+    if args.format == "jsonl" and (args.every_session or len(args.session_ids) > 1) and args.out is None:
+        _usage(
+            "several sessions are written one JSON Lines file each, with an index.json: "
+            "give the new directory with --out DIR"
+        )
+
+
+def _export_one(args: argparse.Namespace, session_id: str) -> int:
+    """One session as JSON Lines: on stdout, or in the new file --out names."""
     with _open(args) as store, render.progress_bar("exporting", enabled=True, unit="segment") as progress:
         items = store.export(session_id, progress=progress)
+        path = store.path
     data = render.json_lines(items)
     if args.out is None:
         sys.stdout.buffer.write(data)
@@ -115,26 +161,10 @@ def export(args: argparse.Namespace) -> int:
         ) from None
     with open(descriptor, "wb") as file:
         file.write(data)
-    print(f"exported {render.count(len(items), 'item')} of session {session_id!r} to {out}")
-    return 0
-
-
-def _export_files(args: argparse.Namespace) -> int:
-    """`export --format sqlite DEST.db [SESSION_ID...]` and `export --all DIR [SESSION_ID...]`."""
-    if (args.all_dir is not None and args.format == "sqlite") or args.out is not None:
-        return _usage("--all writes JSON Lines files and --format sqlite one file: give one, without --out")
-    if args.all_dir is None and not args.targets:
-        return _usage(
-            "export --format sqlite needs the new file: export --format sqlite DEST.db [SESSION_ID...]"
-        )
-    session_ids = (args.targets if args.all_dir is not None else args.targets[1:]) or None
-    with _open(args) as store, render.progress_bar("exporting", enabled=True) as progress:
-        if args.all_dir is not None:
-            summary = export_all(store, args.all_dir, session_ids, progress=progress)
-        else:
-            summary = export_sqlite(store, args.targets[0], session_ids, progress=progress)
-        path = store.path
-    render.print_export(path, summary)
+    if args.json:
+        render.print_json(render.export_dict(path, ExportSummary(str(out), {session_id: len(items)})))
+    else:
+        print(f"exported {render.count(len(items), 'item')} of session {session_id!r} to {out}")
     return 0
 
 

@@ -109,29 +109,28 @@ def _add_reads(add: Any, as_json: Any) -> None:
 
     export = add(
         "export",
-        "print a session's items as JSON Lines, verbatim (a data-access request)",
-        "store.export(session_id); export_sqlite(store, dest); export_all(store, dir)",
-        "One item per line, keys in stored order, UTF-8. Exit 1 for an unknown session id. "
-        "`export --format sqlite DEST.db [SESSION_ID...]` writes the sessions (default: every one) "
-        "to a new file that agents.SQLiteSession reads as its own; `export --all DIR [SESSION_ID...]` "
-        "writes one JSON Lines file per session and an index.json. Files are created with mode 600, "
-        "and an existing one is never overwritten (nothing is written then).",
+        "write sessions' items, verbatim: JSON Lines, or a file agents.SQLiteSession reads",
+        "store.export(session_id); export_all(store, dir, ids); export_sqlite(store, dest, ids)",
+        "Every SESSION_ID is a session id, whatever the format, and every session only with --all. "
+        "One session: JSON Lines on stdout, or in the file --out names. Several, or --all: one "
+        "JSON Lines file per session and an index.json in the directory --out names. --format "
+        "sqlite: the sessions in the new file --out names, which agents.SQLiteSession reads as its "
+        "own. Files are created with mode 600, and an existing one is never overwritten (nothing "
+        "is written then). Exit 1 for an unknown session id, 2 for a usage error.",
+        as_json,
     )
+    export.add_argument("session_ids", metavar="SESSION_ID", nargs="*", help="a session to export")
     export.add_argument(
-        "targets",
-        metavar="ARG",
-        nargs="*",
-        help="SESSION_ID, or DEST.db [SESSION_ID...] with --format sqlite",
+        "--all", action="store_true", dest="every_session", help="export every session (with --out)"
     )
     export.add_argument(
         "--out",
-        metavar="FILE",
-        help="write to FILE (created with mode 600; an existing file is never overwritten)",
+        metavar="PATH",
+        help="the new file (one session, or --format sqlite) or directory (several sessions, --all)",
     )
     export.add_argument(
         "--format", choices=["jsonl", "sqlite"], default="jsonl", help="jsonl (default) or sqlite"
     )
-    export.add_argument("--all", metavar="DIR", dest="all_dir", help="one JSON Lines file per session in DIR")
     export.set_defaults(run=commands.export)
 
 

@@ -290,6 +290,17 @@ def print_export(path: str, summary: ExportSummary) -> None:
     print("These are plaintext copies of the conversations: keep them safe, and delete them when done.")
 
 
+def export_dict(path: str, summary: ExportSummary) -> dict[str, Any]:
+    """An export's report for --json: where it wrote, and each session with its item count."""
+    return {
+        "database": path,
+        "destination": summary.destination,
+        "sessions": summary.sessions,
+        "items": summary.items,
+        "files": summary.files,
+    }
+
+
 def print_json(data: Any) -> None:
     print(json.dumps(data, indent=2))
 
