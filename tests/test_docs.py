@@ -55,3 +55,20 @@ def test_every_variable_the_pages_name_is_read() -> None:
     }
     unknown = sorted((page, variable) for page, variable in named if variable not in known)
     assert named and not unknown, unknown
+
+
+# A markdown link's target: no scheme, no bare anchor ("#section"), the anchor cut off.
+RELATIVE_LINK = re.compile(r"\]\((?![a-z][a-z0-9+.-]*:|#)([^)#\s]+)(?:#[^)\s]*)?\)")
+
+
+def test_every_relative_link_resolves_where_it_is_read() -> None:
+    # mkdocs builds docs/ alone: a link out of it (to benchmarks/, say) is a dead link on the site,
+    # a warning that fails `mkdocs build --strict` in CI. The README is read in the repository.
+    broken = []
+    for page in PAGES:
+        root = ROOT if page.name == "README.md" else ROOT / "docs"
+        for target in RELATIVE_LINK.findall(page.read_text()):
+            resolved = (page.parent / target).resolve()
+            if not resolved.is_relative_to(root.resolve()) or not resolved.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not broken, broken
