@@ -13,6 +13,7 @@ from pathlib import Path
 from citadeldb_openai_agents import CitadelSettings
 from citadeldb_openai_agents.cli.main import _parser
 from citadeldb_openai_agents.config.names import OTHER_VARIABLES, environment_variable, setting_fields
+from citadeldb_openai_agents.embedders.providers import EMBEDDER_PROVIDERS
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -72,3 +73,22 @@ def test_every_relative_link_resolves_where_it_is_read() -> None:
             if not resolved.is_relative_to(root.resolve()) or not resolved.exists():
                 broken.append(f"{page.relative_to(ROOT)}: {target}")
     assert not broken, broken
+
+
+def test_configuration_names_every_embedder_provider_the_code_accepts() -> None:
+    rows = (ROOT / "docs" / "configuration.md").read_text().splitlines()
+    provider_row = next(row for row in rows if row.startswith("| `[embedder] provider`"))
+    missing = [name for name in EMBEDDER_PROVIDERS if f"`{name}`" not in provider_row]
+    assert not missing, f"configuration.md's [embedder] provider row does not name {missing}"
+
+
+def test_configuration_has_a_row_for_every_setting() -> None:
+    rows = [
+        row for row in (ROOT / "docs" / "configuration.md").read_text().splitlines() if row.startswith("| ")
+    ]
+    missing = [
+        environment_variable(name)
+        for name, _ in setting_fields(CitadelSettings)
+        if not any(f"`{environment_variable(name)}`" in row for row in rows)
+    ]
+    assert not missing, f"configuration.md's table has no row for {missing}"

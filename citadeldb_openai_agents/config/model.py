@@ -49,7 +49,7 @@ from .sources import EnvironmentSource, Layer, SecretsDirectorySource, TomlFileS
 class EmbedderSettings(BaseModel):
     """The ``[embedder]`` table: which embedder `CitadelSession.search` uses.
 
-    ``provider`` picks a builder in `citadeldb_openai_agents.config.EMBEDDER_PROVIDERS`;
+    ``provider`` picks a builder in `citadeldb_openai_agents.embedders.providers.EMBEDDER_PROVIDERS`;
     the other fields are that provider's parameters.
     """
 
