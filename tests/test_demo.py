@@ -1,4 +1,5 @@
-"""The README's first command: the demo runs with no API key and tells the truth."""
+"""The README's first command: the demo runs with no API key and tells the truth, as the README
+and docs/index.md show it."""
 
 from __future__ import annotations
 
@@ -49,9 +50,11 @@ def test_demo_remembers_across_processes_then_forgets(demo: str) -> None:
     assert "Files on disk containing the word 'locker': none" in out
 
 
-def test_the_readme_shows_the_demos_output_as_it_prints_it(demo: str) -> None:
-    readme = (ROOT / "README.md").read_text()
-    shown = readme.split("$ python -m citadeldb_openai_agents demo\n", 1)[1].split("```", 1)[0]
+@pytest.mark.parametrize("page", ["README.md", "docs/index.md"])
+def test_the_readme_shows_the_demos_output_as_it_prints_it(demo: str, page: str) -> None:
+    """The README and the site's front page show the whole output, the temporary path aside."""
+    after_the_command = (ROOT / page).read_text().split("$ python -m citadeldb_openai_agents demo\n", 1)[1]
+    shown = after_the_command.split("```", 1)[0]
 
     def without_the_file(text: str) -> list[str]:  # the demo's file is in a new temporary directory
         return [
