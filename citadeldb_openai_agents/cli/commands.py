@@ -69,6 +69,24 @@ def init(args: argparse.Namespace) -> int:
     existed = os.path.exists(settings.path)
     with _open(args, settings.model_copy(update={"create": True}), create=True) as store:
         path, identity, served_by = store.path, store.embedder_identity, store.served_by
+    if args.json:
+        files = (
+            {}
+            if existed
+            else {os.path.basename(f): f"{os.stat(f).st_mode & 0o777:o}" for f in database_files(path)}
+        )
+        render.print_json(
+            {
+                "database": path,
+                "created": not existed,
+                "served_by": served_by,
+                "files": dict(sorted(files.items())),
+                "argon2_profile": settings.argon2_profile,
+                "sync_mode": settings.sync_mode or DEFAULT_SYNC_MODE,
+                "embedder": render.describe_embedder(identity),
+            }
+        )
+        return 0
     if existed:
         holder = f"; process {served_by} holds it and serves it" if served_by is not None else ""
         print(f"{path} exists already: nothing was created, the passphrase opens it{holder}")
@@ -267,8 +285,14 @@ def purge(args: argparse.Namespace) -> int:
 
 
 def reembed(args: argparse.Namespace) -> int:
-    with _warnings_printed(), render.progress_bar("re-embedding", enabled=True, unit="region") as progress:
+    with (
+        _warnings_printed(),
+        render.progress_bar("re-embedding", enabled=not args.json, unit="region") as progress,
+    ):
         summary = reembed_from_config(args.config, progress=progress)
+    if args.json:
+        render.print_json(dataclasses.asdict(summary))
+        return 0
     print(
         f"re-embedded {render.count(summary.items, 'item')} in {render.count(summary.regions, 'region')} "
         f"with {summary.model_id}; every item was kept"
@@ -288,6 +312,17 @@ def rotate_key(args: argparse.Namespace) -> int:
     with _open(args, settings) as store:
         store.rotate_key(current_key, new_key)
         path = store.path
+    del current_key, new_key  # held no longer than needed
+    if args.json:
+        render.print_json(
+            {
+                "database": path,
+                "changed": True,
+                "verified": True,
+                "key_source": str(settings.provenance("key").origin),
+            }
+        )
+        return 0
     print(f"passphrase changed and verified for {path}: the new one opens it, the old one no longer does.")
     print(
         "next: the configuration still gives the old passphrase "
@@ -323,9 +358,13 @@ def _new_passphrase(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def backup(args: argparse.Namespace) -> int:
-    with _open(args) as store, render.progress_bar("backing up", enabled=True, unit="B") as progress:
+    with _open(args) as store, render.progress_bar("backing up", enabled=not args.json, unit="B") as progress:
         written = store.backup(args.dest, progress=progress)
         path = store.path
+    if args.json:
+        files = [{"path": name, "bytes": os.path.getsize(name)} for name in written]
+        render.print_json({"database": path, "files": files})
+        return 0
     print(f"backed up {path} to {len(written)} files:")
     for name in written:
         print(f"  {name}  ({render.human(os.path.getsize(name))})")

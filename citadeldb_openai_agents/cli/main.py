@@ -13,6 +13,7 @@ import sys
 import textwrap
 from typing import Any
 
+from .. import __version__
 from ..config import CitadelSettings
 from ..errors import CitadelSessionError, ConfigurationError, CorruptDatabaseError, DatabaseLockedError
 from . import commands, moving
@@ -22,6 +23,16 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m citadeldb_openai_agents",
         description="Encrypted Agents SDK sessions in a Citadel file.",
+        epilog="--config and --json are accepted before the command too, as git and docker accept "
+        "their global options: `python -m citadeldb_openai_agents --config prod.toml sessions`.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    # SUPPRESS: the attribute exists only when given, so `_apply_global_options` can tell.
+    parser.add_argument(
+        "--config", dest="before_config", metavar="PATH", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+    )
+    parser.add_argument(
+        "--json", dest="before_json", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
     )
     subcommands = parser.add_subparsers(dest="command", metavar="COMMAND")
     demo = subcommands.add_parser(
@@ -77,7 +88,7 @@ def _add_operations(subcommands: Any) -> None:
         parser.set_defaults(library_call=call)
         return parser
 
-    _add_init(add)
+    _add_init(add, as_json)
     _add_reads(add, as_json)
     _add_import(add, as_json)
     _add_erasures(add, as_json)
@@ -85,7 +96,7 @@ def _add_operations(subcommands: Any) -> None:
     _add_ring(add, as_json)
 
 
-def _add_init(add: Any) -> None:
+def _add_init(add: Any, as_json: Any) -> None:
     """init: the database made from the configuration alone."""
     add(
         "init",
@@ -94,6 +105,7 @@ def _add_init(add: Any) -> None:
         "For a deploy's first step: the file and its companion files (mode 600), with the "
         "configured argon2 profile and embedder. A database that exists already is only opened, "
         "which verifies the passphrase (exit 0); the create setting does not apply here.",
+        as_json,
     ).set_defaults(run=commands.init)
 
 
@@ -235,6 +247,7 @@ def _add_file_operations(add: Any, as_json: Any) -> None:
         "--new-key-file, else CITADEL_NEW_KEY or CITADEL_NEW_KEY_FILE (not both), else a "
         "prompt without echo on a terminal. Afterwards, put the new passphrase where the "
         "configuration reads it.",
+        as_json,
     )
     rotate.add_argument(
         "--new-key-file", metavar="PATH", help="a file holding the new passphrase (chmod 600)"
@@ -247,6 +260,7 @@ def _add_file_operations(add: Any, as_json: Any) -> None:
         "store.backup(dest)",
         "Refuses a destination that exists (or whose companion files do). The copy opens "
         "with the current passphrase.",
+        as_json,
     )
     backup.add_argument("dest", metavar="DEST", help="the new database file to write")
     backup.set_defaults(run=commands.backup)
@@ -289,6 +303,7 @@ def _add_ring(add: Any, as_json: Any) -> None:
         "of the old ring still holds one (give each with --shard-config). docs/deployment.md, "
         "'Changing the ring'.",
         shard_config,
+        as_json,
     )
     change = ring.add_mutually_exclusive_group()
     change.add_argument("--begin", metavar="A,B,C", help="the fleet's new shards, comma-separated")
@@ -331,6 +346,7 @@ def _add_recovery(add: Any, as_json: Any) -> None:
         "citadeldb_openai_agents.reembed(path, key, embedder)",
         "The fix when the file's items were embedded with another model than the configured "
         "one (EmbedderMismatchError). If interrupted, run it again.",
+        as_json,
     ).set_defaults(run=commands.reembed)
 
 
@@ -352,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     if not hasattr(args, "run"):
         parser.print_help(sys.stderr)
         return 2
+    _apply_global_options(parser, args)
     try:
         return int(args.run(args))
     except ConfigurationError as exc:
@@ -381,6 +398,24 @@ def main(argv: list[str] | None = None) -> int:
     except (commands.Refused, CitadelSessionError, OSError) as exc:
         _error(exc)
     return 1
+
+
+def _apply_global_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--config and --json given before the command count as if given after it.
+
+    A command that has no such option refuses it (exit 2), wherever it stands; the same
+    option given on both sides with different values is refused rather than one silently winning.
+    """
+    if hasattr(args, "before_config"):
+        if not hasattr(args, "config"):
+            parser.error(f"{args.command} reads no configuration: --config does not apply to it")
+        if args.config is not None and args.config != args.before_config:
+            parser.error(f"--config given twice, as {args.before_config} and {args.config}: give one")
+        args.config = args.before_config
+    if hasattr(args, "before_json"):
+        if not hasattr(args, "json"):
+            parser.error(f"{args.command} prints no report: --json does not apply to it")
+        args.json = True
 
 
 def _error(exc: BaseException) -> None:

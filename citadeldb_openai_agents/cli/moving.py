@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections import defaultdict
+from collections.abc import Sequence
 from contextlib import ExitStack
 from datetime import datetime, timezone
 
@@ -71,6 +72,8 @@ def ring(args: argparse.Namespace) -> int:
                 f"{_names(shards)}): rebalance every shard, then `ring --finish`, before another"
             )
         write_ring_file(path, new, previous=shards)
+        if args.json:
+            return _print_ring(path, "begun", new, shards)
         print(f"ring change begun in {path}: from {_names(shards)} to {_names(new)}")
         print("the sessions that move are refused on every shard until `ring --finish`; next, run")
         print("`rebalance` on each shard that loses sessions")
@@ -81,12 +84,23 @@ def ring(args: argparse.Namespace) -> int:
             )
         _check_nothing_left(args, settings, shards, previous)
         write_ring_file(path, shards, previous=None)
+        if args.json:
+            return _print_ring(path, "finished", shards, None)
         print(f"ring change finished in {path}: shards {_names(shards)}")
+    elif args.json:
+        return _print_ring(path, "shown", shards, previous)
     else:
         print(f"ring file {path}")
         print(f"  shards:   {_names(shards)}")
         under_way = "none" if previous is None else f"from {_names(previous)} (sessions moving)"
         print(f"  change:   {under_way}")
+    return 0
+
+
+def _print_ring(path: str, change: str, shards: Sequence[str], previous: Sequence[str] | None) -> int:
+    """ring --json: the ring file's shards after the command, and the change under way (or None)."""
+    before = None if previous is None else list(previous)
+    render.print_json({"ring_file": path, "change": change, "shards": list(shards), "previous": before})
     return 0
 
 
