@@ -126,6 +126,23 @@ async def test_reembed_keeps_every_item(make_store, db_path: Path, key: str) -> 
     assert reopened.embedder_identity.dim == 32
 
 
+async def test_reembed_with_the_files_own_embedder_keeps_every_item(
+    make_store, db_path: Path, key: str
+) -> None:
+    # An operator's rerun, or a `reembed` whose configuration names the model the file has.
+    store = make_store()
+    await store.session("a").add_items(
+        [{"role": "user", "content": "the llama sleeps"}, {"content": "noted"}]
+    )
+    before, identity = await store.session("a").get_items(), store.embedder_identity
+    store.close()
+    same = citadeldb.MockEmbedder(dim=identity.dim)
+    assert reembed(db_path, key, same).items == 2
+    reopened = make_store(embedder=same)
+    assert await reopened.session("a").get_items() == before
+    assert await reopened.session("a").search("llama", limit=1) == [before[0]]
+
+
 async def test_reembed_embeds_each_reply_with_its_question(make_store, db_path: Path, key: str) -> None:
     store = make_store()
     session = store.session("s")

@@ -59,6 +59,9 @@ def reembed_file(
     others = [name for name in (CATALOG_REGION, META_REGION) if name in stored]
     for name in others:
         memory.reembed_region(name, embedder)
+        # With the model the region already has, reembed_region leaves it unattached (citadeldb
+        # 2.7.0), and the fetch below fails: attach it (create-or-attach) to the new embedder.
+        memory.create_encrypted_region(name, embedder)
     found = memory.fetch(META_REGION, META_KIND, limit=1)
     if found:
         meta = dict(found[0].payload)
