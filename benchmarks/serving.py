@@ -19,7 +19,11 @@ Three measurements, each on a file of its own:
   --workers, once on a Citadel file and once on `agents.SQLiteSession`; --clients
   threads send --requests turns (after a warm-up of two per client) to 40 sessions.
   Requests per second, p50 and p95 of a request, and the CPU time each server process
-  spent per request (Linux /proc): under Citadel the busiest is the owner. With
+  spent per request (Linux /proc): under Citadel the busiest is the owner. Beside each
+  row, the machine's 1-minute load average as the timed requests begin, and the CPU that other
+  work took during them, in cores (/proc/stat's busy time less the servers' and this process's):
+  served throughput depends on the load beside it far more than on the backend, so a figure
+  means little without it. --busy N runs N CPU-bound processes throughout, a stated load. With
   --sidecar, a third server: the ``serve`` command owns the file and every worker is
   its client. The last column is this process's CPU per request, sending the load: on
   a small machine it shares the cores with the servers. --sync-mode opens the Citadel
@@ -305,12 +309,15 @@ def serve_and_drive(
     try:
         _wait_until_up(port, process)
         drive(port, args.clients, 2 * args.clients)  # warm-up: every worker started, sessions opened
+        load_average = os.getloadavg()[0]
         before = {pid: cpu for group in groups for pid, cpu in _cpu_seconds(group).items()}
+        busy = _machine_busy_seconds()
         driving = time.process_time()
         window = time.monotonic()
         seconds, latencies = drive(port, args.clients, args.requests)
         window_end = time.monotonic()
         driving = time.process_time() - driving  # this process's, sending the requests
+        busy = _machine_busy_seconds() - busy
         after = {pid: cpu for group in groups for pid, cpu in _cpu_seconds(group).items()}
     finally:
         for group in groups:
@@ -324,9 +331,14 @@ def serve_and_drive(
     # the busiest is the owner, which runs every session call (with a sidecar, the sidecar).
     cpu = sorted(((after[pid] - before.get(pid, 0.0)) * 1000 / len(latencies) for pid in after), reverse=True)
     shares = ", ".join(f"{ms:.1f}" for ms in cpu[: len(groups) - 1 + workers]) if cpu else "-"
+    # Every CPU-second the machine spent in the window that neither the servers nor this process
+    # spent: other work, in cores (the machine's load beside the benchmark, measured, not assumed).
+    ours = sum(after[pid] - before.get(pid, 0.0) for pid in after) + driving
+    other = max(0.0, busy - ours) / (window_end - window)
     row = (
         f"| {label} | {workers} | {len(latencies) / seconds:.1f} | {p50:.1f} ms | {p95:.1f} ms "
-        f"| {sum(cpu):.1f} ms | {shares} | {driving * 1000 / len(latencies):.1f} ms |"
+        f"| {sum(cpu):.1f} ms | {shares} | {driving * 1000 / len(latencies):.1f} ms "
+        f"| {load_average:.2f} | {other:.2f} |"
     )
     return row, _commit_row(workers, run / "commits", window, window_end) if timed_commits else None
 
@@ -347,6 +359,13 @@ def _commit_row(workers: int, directory: Path, start: float, end: float) -> str:
     )
 
 
+def _machine_busy_seconds() -> float:
+    """CPU-seconds the whole machine has spent busy since boot, every core (Linux /proc/stat)."""
+    fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def _cpu_seconds(group: int) -> dict[int, float]:
     """CPU seconds (user + system) of each live process of a process group, from /proc (Linux)."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -365,8 +384,9 @@ def _cpu_seconds(group: int) -> dict[int, float]:
 
 def throughput(args: argparse.Namespace, directory: Path) -> list[str]:
     rows = [
-        "| backend | workers | requests/s | p50 | p95 | CPU/request | per worker (busiest first) | the load's CPU |",
-        "|---|---|---|---|---|---|---|---|",
+        "| backend | workers | requests/s | p50 | p95 | CPU/request | per worker (busiest first) | the load's CPU "
+        "| load average (1 min) | other work, cores |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     commit_rows = []
     backends = ("citadel", "sidecar", "sqlite") if args.sidecar else ("citadel", "sqlite")
@@ -482,6 +502,13 @@ def main() -> None:
         "--commit-stats", action="store_true", help="time the owner's Citadel commits under the load"
     )
     parser.add_argument("--workdir", help="where the files go (default: a temporary directory)")
+    parser.add_argument(
+        "--busy",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run N CPU-bound processes throughout (a stated load beside the benchmark)",
+    )
     parser.add_argument("--time-calls", help=argparse.SUPPRESS)  # the client's side of the latency
     parser.add_argument("--hold", help=argparse.SUPPRESS)  # the owner of the handover
     args = parser.parse_args()
@@ -496,6 +523,19 @@ def main() -> None:
         args.items, args.sessions, args.per_session, args.reps = 200, 20, 10, 20
         args.workers, args.requests, args.handover_reps = [2], 60, 1
     command = " ".join(["python", "benchmarks/serving.py", *sys.argv[1:]])
+    burners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+        for _ in range(args.busy)
+    ]
+    try:
+        _measure(args, command)
+    finally:
+        for burner in burners:
+            os.killpg(burner.pid, signal.SIGKILL)
+            burner.wait()
+
+
+def _measure(args: argparse.Namespace, command: str) -> None:
     with tempfile.TemporaryDirectory(prefix="serving-", dir=args.workdir) as scratch:
         directory = Path(scratch)
         sections = [
@@ -503,7 +543,8 @@ def main() -> None:
             (f"Throughput, {args.clients} clients, {args.requests} requests per server", throughput),
             ("Handover", handover),
         ]
-        print(f"`{command}` ({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f})\n")
+        busy = f", {args.busy} CPU-bound process(es) beside it" if args.busy else ""
+        print(f"`{command}` ({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}{busy})\n")
         for title, measure in sections:
             if args.only and measure.__name__ not in args.only:
                 continue
