@@ -92,3 +92,14 @@ def test_configuration_has_a_row_for_every_setting() -> None:
         if not any(f"`{environment_variable(name)}`" in row for row in rows)
     ]
     assert not missing, f"configuration.md's table has no row for {missing}"
+
+
+def test_the_readmes_first_screen_has_both_commands_then_the_quickstart() -> None:
+    first_screen = (ROOT / "README.md").read_text().splitlines()[:40]
+    demo = "python3 -m venv .venv && . .venv/bin/activate && pip install -e . && python -m citadeldb_openai_agents demo"
+    tests = "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[test]' && python -m pytest -q -n auto"
+    assert demo in first_screen and tests in first_screen and "## Quickstart" in first_screen
+    assert first_screen.index(demo) < first_screen.index(tests) < first_screen.index("## Quickstart")
+    # Right after the test command's fence: the measurements of its time live in docs/performance.md.
+    after_the_commands = [line for line in first_screen[first_screen.index(tests) + 2 :] if line.strip()]
+    assert after_the_commands[0] == "## Quickstart", after_the_commands[:3]
