@@ -50,8 +50,38 @@ class EmptyPassphraseError(CitadelSessionError, ValueError):
     """The passphrase is empty; Citadel would accept it, we refuse it."""
 
 
+# How the calls that take the passphrase as `key` name it as its source (see WrongPassphraseError).
+KEY_ARGUMENT = "the key= argument"
+
+
 class WrongPassphraseError(CitadelSessionError):
-    """The passphrase does not open the file (or differs from the one it is open with)."""
+    """The passphrase does not open the file (or differs from the one it is open with).
+
+    The message is the `cause`, then what to check: the passphrase, named by where it came
+    from (`source`: "the key= argument", "the environment variable CITADEL_KEY", "the key file
+    /etc/app/key, named by ...") and followed by `check`, the rest of the fix. Code that meets
+    the failure knows the cause and the fix; the public call that took the passphrase knows its
+    source and adds it (`came_from`), so a new source only has to describe itself. `hint` says
+    more about that source (how a key file was read). None of them ever holds the passphrase.
+    """
+
+    def __init__(
+        self, cause: str, check: str | None = None, source: str | None = None, hint: str = ""
+    ) -> None:
+        self.cause, self.check, self.source, self.hint = cause, check, source, hint
+        came = "" if source is None else f" (it came from {source})"
+        if check is not None:
+            told = f"{cause} Check the passphrase{came}{check}"
+        else:  # a message with no place for the source (one rebuilt from another process's)
+            told = cause if source is None else f"{cause} The passphrase came from {source}."
+        super().__init__(f"{told} {hint}" if hint else told)
+
+    def came_from(self, source: str, hint: str = "") -> WrongPassphraseError:
+        """This error told for a passphrase that came from `source`: a new one, with no traceback."""
+        return WrongPassphraseError(self.cause, self.check, source, hint)
+
+    def __reduce__(self) -> tuple[type[WrongPassphraseError], tuple[str, str | None, str | None, str]]:
+        return (type(self), (self.cause, self.check, self.source, self.hint))
 
 
 class DatabaseLockedError(CitadelSessionError):

@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 from .embedders.providers import resolve_embedder
+from .errors import KEY_ARGUMENT, WrongPassphraseError
 from .options import Argon2Profile, SyncMode, check_passphrase
 from .results import IntegrityReport, Progress, ReembedSummary, RestoreReport
 from .storage import inspection, local_file
@@ -23,8 +24,11 @@ def verify_file(path: str | os.PathLike[str], key: str) -> IntegrityReport:
     """
     try:
         return inspection.verify_file(path, check_passphrase(key))
+    except WrongPassphraseError as exc:
+        wrong = exc.came_from(KEY_ARGUMENT)  # raised below, as CitadelSessionStore.__init__ does
     finally:
         del key  # as in CitadelSessionStore.__init__: a failed frame's locals are recorded
+    raise wrong from None
 
 
 def reembed(
@@ -38,8 +42,11 @@ def reembed(
     """
     try:
         return local_file.reembed(path, check_passphrase(key), resolve_embedder(embedder), progress)
+    except WrongPassphraseError as exc:
+        wrong = exc.came_from(KEY_ARGUMENT)
     finally:
         del key  # as in CitadelSessionStore.__init__: a failed frame's locals are recorded
+    raise wrong from None
 
 
 def restore_backup(
@@ -72,5 +79,8 @@ def restore_backup(
             options=database_options(argon2_profile, sync_mode, None),
             replace=replace,
         )
+    except WrongPassphraseError as exc:
+        wrong = exc.came_from(KEY_ARGUMENT)
     finally:
         del key
+    raise wrong from None

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from . import options as checks
 from .embedders.protocol import EmbedderIdentity
 from .embedders.providers import resolve_embedder
-from .errors import SessionClosedError, SessionNotFoundError
+from .errors import KEY_ARGUMENT, SessionClosedError, SessionNotFoundError, WrongPassphraseError
 from .history import History
 from .options import Argon2Profile, SyncMode, TtlMode
 from .results import Erasure, IntegrityReport, Progress, PurgeReport, SessionSummary
@@ -106,6 +106,7 @@ class CitadelSessionStore(Transfers):
         ttl_mode: TtlMode | None = None,
         idle_ttl: float | None = None,
     ) -> None:
+        wrong = None
         try:
             checks.check_passphrase(key)
             self.max_items = checks.check_max_items(max_items)
@@ -114,8 +115,7 @@ class CitadelSessionStore(Transfers):
             self.session_settings = session_settings
             resolved_embedder = resolve_embedder(embedder)
             options = database_options(argon2_profile, sync_mode, cache_size)
-            self._closed = False
-            self._close_lock = threading.Lock()
+            self._closed, self._close_lock = False, threading.Lock()
             self._file = SharedFile(
                 path,
                 key,
@@ -128,8 +128,12 @@ class CitadelSessionStore(Transfers):
                 options_for=lambda mode: database_options(argon2_profile, mode, cache_size),  # type: ignore[arg-type]
                 ring=ring,
             )
+        except WrongPassphraseError as exc:  # told here, raised below: no frame of the layers under us
+            wrong = exc.came_from(KEY_ARGUMENT)
         finally:
             del key  # gone from this frame on every path: error trackers record its locals
+        if wrong is not None:
+            raise wrong from None
 
     @property
     def path(self) -> str:

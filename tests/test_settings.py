@@ -583,7 +583,7 @@ def test_a_wrong_passphrase_from_a_file_says_how_the_file_was_read(
 
     message = str(caught.value)
     assert message.startswith(f"wrong passphrase for {database}")
-    assert f"The passphrase came from the file {key_file}, {READ_AS_IS}{found}" in message
+    assert f"The file {key_file} was {READ_AS_IS}{found}" in message
     assert PASSPHRASE not in message and "not the passphrase" not in message
     assert caught.value.__cause__ is None and caught.value.__suppress_context__
 
@@ -598,7 +598,7 @@ def test_a_wrong_passphrase_without_whitespace_from_a_file_gets_no_whitespace_hi
         from_config()
 
     message = str(caught.value)
-    assert f"The passphrase came from the file {key_file} (read as is" in message
+    assert f"The file {key_file} was read as is (" in message
     assert "holds no whitespace" in message and "may be the cause" not in message
     assert "wrong-passphrase" not in message
 
@@ -611,7 +611,8 @@ def test_a_wrong_passphrase_from_a_variable_gets_no_key_file_hint(
     with pytest.raises(WrongPassphraseError) as caught:
         from_config()
 
-    assert "came from the file" not in str(caught.value)
+    assert "read as is" not in str(caught.value)
+    assert "(it came from the environment variable CITADEL_KEY)" in str(caught.value)
 
 
 # -- embedders -----------------------------------------------------------------------------

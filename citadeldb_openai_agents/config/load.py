@@ -28,7 +28,7 @@ from ..results import IntegrityReport, Progress, ReembedSummary, RestoreReport
 from ..storage.files import resolve_path
 from ..store import CitadelSessionStore
 from .model import CitadelSettings
-from .provenance import DEFAULT, KEY_FILE, SECRETS_DIRECTORY
+from .provenance import DEFAULT, KEY_FILE, SECRETS_DIRECTORY, passphrase_source
 
 ConfigSource = str | os.PathLike[str] | CitadelSettings | None
 
@@ -44,9 +44,9 @@ def from_config(config: ConfigSource = None, **overrides: Any) -> CitadelSession
     Raises `ConfigurationError` listing every problem found in the configuration,
     and `DatabaseNotFoundError` naming the path and its source when the file does
     not exist and ``create`` is false (``from_config(create=False)``,
-    ``CITADEL_CREATE=false``); other errors opening the file (`WrongPassphraseError`,
-    ...) pass through. Calls that resolve to the same file in one process share one
-    open database.
+    ``CITADEL_CREATE=false``), `WrongPassphraseError` naming where the passphrase came
+    from; other errors opening the file pass through. Calls that resolve to the same file
+    in one process share one open database.
     """
     settings = load_settings(config, **overrides)
     return open_store(settings, build_embedder(settings))
@@ -93,7 +93,11 @@ def verify_from_config(
         if getattr(exc, "verdict", None) is None:
             raise
     path = resolve_path(settings.path)
-    return path, verify_file(path, settings.key.get_secret_value())
+    try:
+        return path, verify_file(path, settings.key.get_secret_value())
+    except WrongPassphraseError as exc:
+        wrong = _told_for(settings, exc)
+    raise wrong from None
 
 
 def _session_settings(limit: int) -> Any:
@@ -110,10 +114,13 @@ def reembed_from_config(config: ConfigSource = None, *, progress: Progress | Non
         return reembed(
             settings.path, settings.key.get_secret_value(), build_embedder(settings), progress=progress
         )
+    except WrongPassphraseError as exc:
+        wrong = _told_for(settings, exc)
     except DatabaseNotFoundError as exc:
         if not exc.creation_refused:
             raise
         raise no_database(settings, existing_only=True) from None
+    raise wrong from None
 
 
 def restore_from_config(
@@ -134,16 +141,20 @@ def restore_from_config(
             ],
             config_file=settings.config_file,
         )
-    return restore_backup(
-        backup,
-        settings.path,
-        settings.key.get_secret_value(),
-        erasure_ledger=settings.erasure_ledger if ledger else None,
-        embedder=build_embedder(settings),
-        argon2_profile=settings.argon2_profile,
-        sync_mode=settings.sync_mode,
-        replace=replace,
-    )
+    try:
+        return restore_backup(
+            backup,
+            settings.path,
+            settings.key.get_secret_value(),
+            erasure_ledger=settings.erasure_ledger if ledger else None,
+            embedder=build_embedder(settings),
+            argon2_profile=settings.argon2_profile,
+            sync_mode=settings.sync_mode,
+            replace=replace,
+        )
+    except WrongPassphraseError as exc:
+        wrong = _told_for(settings, exc)
+    raise wrong from None
 
 
 def build_embedder(settings: CitadelSettings) -> Embedder:
@@ -212,14 +223,18 @@ def open_store(
             idle_ttl=settings.idle_ttl,
         )
     except WrongPassphraseError as exc:
-        hint = _key_file_hint(settings)
-        if hint is None:
-            raise
-        raise WrongPassphraseError(f"{exc} {hint}") from None
+        wrong = _told_for(settings, exc)  # raised outside the handler: no frame of the store's below
     except DatabaseNotFoundError as exc:
         if not exc.creation_refused:
             raise
         raise no_database(settings, existing_only=existing_only) from None
+    raise wrong from None
+
+
+def _told_for(settings: CitadelSettings, exc: WrongPassphraseError) -> WrongPassphraseError:
+    """A wrong passphrase told in the configuration's terms: where it came from, how a key file was read."""
+    source = passphrase_source(settings.provenance("key").origin, settings.provenance("key_file").origin)
+    return exc.came_from(source, _key_file_hint(settings))
 
 
 def left_to_the_owner(settings: CitadelSettings) -> list[str]:
@@ -262,20 +277,20 @@ def no_database(settings: CitadelSettings, *, existing_only: bool) -> DatabaseNo
     )
 
 
-def _key_file_hint(settings: CitadelSettings) -> str | None:
+def _key_file_hint(settings: CitadelSettings) -> str:
     """Why a passphrase read from a file may be wrong, without a character of it.
 
-    Returns None when the passphrase did not come from a file. Its own frame is gone
+    Returns "" when the passphrase did not come from a file. Its own frame is gone
     before the caller raises, so no traceback holds the passphrase it looks at.
     """
     origin = settings.provenance("key").origin
     if origin.kind not in (KEY_FILE, SECRETS_DIRECTORY):
-        return None
+        return ""
     passphrase = settings.key.get_secret_value()
     if not any(character.isspace() for character in passphrase):
         return (
-            f"The passphrase came from the file {origin.detail} (read as is, one trailing newline "
-            "stripped; it holds no whitespace): check that the file holds this database's passphrase."
+            f"The file {origin.detail} was read as is (one trailing newline stripped; it holds no "
+            "whitespace): check that it holds this database's passphrase."
         )
     edges = []
     if passphrase[0].isspace():
@@ -285,10 +300,9 @@ def _key_file_hint(settings: CitadelSettings) -> str | None:
         edges.append(f"{still}ends with {_whitespace_name(passphrase[-1])}")
     found = f"; as read, it {' and '.join(edges)}" if edges else ""
     return (
-        f"The passphrase came from the file {origin.detail}, read as is: one trailing newline "
-        "stripped, every other character kept, whitespace included, so whitespace in the file "
-        f"may be the cause{found}. If the whitespace is not part of the passphrase, remove it "
-        "from the file."
+        f"The file {origin.detail} was read as is: one trailing newline stripped, every other "
+        "character kept, whitespace included, so whitespace in the file may be the cause"
+        f"{found}. If the whitespace is not part of the passphrase, remove it from the file."
     )
 
 

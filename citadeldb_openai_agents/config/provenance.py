@@ -47,6 +47,30 @@ class Origin:
         return f"{self.kind} {self.detail}" if self.detail else self.kind
 
 
+# Each kind of source in a sentence's words, given its detail and the setting it set: the one
+# place that describes a source (a wrong passphrase names its own: `passphrase_source`).
+_DESCRIBED: dict[str, Callable[[str, str], str]] = {
+    ARGUMENT: lambda detail, setting: f"the {detail}= argument",
+    ENVIRONMENT: lambda detail, setting: f"the environment variable {detail}",
+    SECRETS_DIRECTORY: lambda detail, setting: f"the file {detail} in the secrets directory",
+    KEY_FILE: lambda detail, setting: f"the key file {detail}",
+    TOML_FILE: lambda detail, setting: f"{setting} in the TOML file {detail}",
+}
+
+
+def described(origin: Origin, setting: str) -> str:
+    """Where `setting` came from, in words ("the environment variable CITADEL_KEY")."""
+    describe = _DESCRIBED.get(origin.kind)
+    return str(origin) if describe is None else describe(origin.detail, setting)
+
+
+def passphrase_source(key: Origin, key_file: Origin) -> str:
+    """Where the passphrase came from; a key file's with the source that named it."""
+    if key.kind == KEY_FILE:
+        return f"{described(key, 'key')}, named by {described(key_file, 'key_file')}"
+    return described(key, "key")
+
+
 @dataclass(frozen=True)
 class Provenance:
     """The source a setting's value came from, and the lower-precedence ones it overrode."""

@@ -183,12 +183,13 @@ class RemoteOwner:
     def _proof_refused(self, pid: int) -> WrongPassphraseError:
         # Either side may be wrong: flock needs no passphrase, so the lock holder may be no store.
         holder = f"process {pid}" if pid else "the process"
+        # The public call that took the passphrase adds where it came from (errors.py).
         return WrongPassphraseError(
             f"wrong passphrase for {self._path}: {holder}, which holds the file and serves it, does "
             f"not accept it (this is process {os.getpid()}): it could not prove it knows this "
-            "passphrase, so nothing derived from it was sent. Check CITADEL_KEY / CITADEL_KEY_FILE: "
-            f"every process on one file needs the same passphrase. If it is right, {holder} is not "
-            "a store of this file: find it (`ps -p PID`) and stop it."
+            "passphrase, so nothing derived from it was sent.",
+            f": every process on one file needs the same passphrase. If it is right, {holder} is "
+            "not a store of this file: find it (`ps -p PID`) and stop it.",
         )
 
     def _refusal(self, exc: BaseException) -> BaseException:

@@ -280,9 +280,9 @@ class OpenDatabase:
             keys.clear()
         if not same:
             raise WrongPassphraseError(
-                f"{self.path} is already open in this process with a different passphrase. "
-                "Use the same passphrase for every store and session on one file "
-                "(or a separate file per passphrase)."
+                f"{self.path} is already open in this process with a different passphrase.",
+                ": use the same passphrase for every store and session on one file "
+                "(or a separate file per passphrase).",
             )
 
     def close(self) -> None:

@@ -60,11 +60,12 @@ def translate_open_error(exc: BaseException, path: str) -> BaseException:
         return companions_missing(path, missing)
     if isinstance(exc, citadeldb.EncryptionError):
         # Citadel cannot tell these apart: the key file decrypts nothing either way.
+        # The public call that took the passphrase adds where it came from (errors.py).
         return WrongPassphraseError(
             f"wrong passphrase for {path}, or its key file {path}{COMPANION_SUFFIXES[0]} is "
-            "damaged: together they do not decrypt this file. Check the passphrase "
-            "(CITADEL_KEY / CITADEL_KEY_FILE); if it is right, restore the key file, with the "
-            "database and its other companion files, from a backup. The files were left untouched."
+            "damaged: together they do not decrypt this file.",
+            f"; if it is right, restore {path}{COMPANION_SUFFIXES[0]}, with the database and its "
+            "other companion files, from a backup. The files were left untouched.",
         )
     if isinstance(exc, citadeldb.OperationalError) and "locked" in message:
         return _locked(path)
