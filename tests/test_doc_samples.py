@@ -154,6 +154,12 @@ def test_the_sessions_export_and_erase_samples_are_what_the_commands_print(srv: 
         ("python -m citadeldb_openai_agents rotate-key < /dev/null", 0),
     ):
         assert_as_shown(command, srv, "/srv/agent", nth)
+    # The page's rotate-key, asked on a terminal; then the old key file no longer opens the file.
+    with CitadelSessionStore(srv / "agent.cdl", PASSPHRASE) as store:
+        store.rotate_key(PASSPHRASE, "the new passphrase of the page")
+    assert_as_shown("python -m citadeldb_openai_agents sessions", srv, "/srv/agent", 3)
+    (srv / "citadel.key").write_text("the new passphrase of the page\n")
+    assert_as_shown("python -m citadeldb_openai_agents sessions", srv, "/srv/agent", 4)
 
 
 def test_the_import_and_leaving_samples_are_what_the_commands_print(
