@@ -104,21 +104,66 @@ class SessionIntegrity:
 
 
 @dataclass(frozen=True)
+class PageLayout:
+    """Where a database file's pages lie, so that an operator can find a damaged page's bytes.
+
+    Citadel 2.7.0 (measured): a header of `header_bytes` (512), then pages of `page_size`
+    bytes (8208: 8192 and a 16-byte authentication tag), counted from 0. Page N is bytes
+    ``header_bytes + N * page_size`` to ``header_bytes + (N + 1) * page_size - 1``: Citadel's
+    own number ("page:N" in its messages), kept as it is. Pages 0 to `high_water_mark` - 1 are
+    the file's used range; the bytes from `used_end` to the end of the file (`file_size`) lie
+    past the high-water mark: unused, they hold no data and nothing reads them.
+    """
+
+    header_bytes: int
+    page_size: int
+    high_water_mark: int
+    file_size: int
+
+    def page_span(self, page: int) -> tuple[int, int]:
+        """The first and last byte of `page` in the file."""
+        first = self.header_bytes + page * self.page_size
+        return first, first + self.page_size - 1
+
+    @property
+    def used_end(self) -> int:
+        """The first byte past the high-water mark (the file's size if nothing lies past it)."""
+        return min(self.header_bytes + self.high_water_mark * self.page_size, self.file_size)
+
+    @property
+    def file_pages(self) -> int:
+        """The whole pages the file's size holds (the file grows by 1 MiB, not by pages)."""
+        return max(0, (self.file_size - self.header_bytes) // self.page_size)
+
+
+@dataclass(frozen=True)
 class IntegrityReport:
-    """What `CitadelSessionStore.verify` (or `verify_file`) found."""
+    """What `CitadelSessionStore.verify` (or `verify_file`) found.
+
+    `pages_checked` counts Citadel's page reads: it authenticates each page the file's current
+    and previous commit reach (a page both reach is counted twice). A page below the high-water
+    mark that neither reaches is free: it holds no data, nothing reads it, Citadel rewrites it
+    whole before using it again, and damage to it is not detected (nor harmful). `page_errors`
+    are Citadel's messages, each once; `damaged_pages` the pages they name, numbered as
+    `layout` says (from 0).
+    """
 
     ok: bool
     pages_checked: int
     page_errors: list[str]
     item_verdicts: dict[str, int]
     # Citadel's audit log (erasures, backups) is an HMAC chain: entries verified, and the
-    # first entry that breaks it (None when intact, or when the file keeps no log).
+    # first entry that breaks it, counted from 1 as the log's entries are (entry 1 is the
+    # first): `audit_entries + 1`. None when intact, or when the file keeps no log.
     audit_entries: int = 0
     audit_break_at: int | None = None
     # Every session holding items, with what could be read of it.
     sessions: list[SessionIntegrity] = field(default_factory=list)
     # Damage not tied to one session (the layout record, the catalog's key).
     findings: list[str] = field(default_factory=list)
+    # Where the pages lie and how many are in use (None when the file's header does not say).
+    layout: PageLayout | None = None
+    damaged_pages: list[int] = field(default_factory=list)
 
     @property
     def damaged_sessions(self) -> list[SessionIntegrity]:

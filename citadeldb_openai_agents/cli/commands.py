@@ -19,7 +19,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import NoReturn
 
-from .. import CitadelSessionStore, DatabaseNotFoundError, export_all, export_sqlite, import_file
+from .. import (
+    CitadelSessionStore,
+    CorruptDatabaseError,
+    DatabaseNotFoundError,
+    export_all,
+    export_sqlite,
+    import_file,
+)
 from ..config import (
     CitadelSettings,
     check_configuration,
@@ -35,6 +42,8 @@ from ..config import (
 )
 from ..options import DEFAULT_SYNC_MODE
 from ..results import ExportSummary
+from ..storage.files import resolve_path
+from ..storage.inspection import page_layout
 from . import receipts, render
 
 
@@ -397,13 +406,32 @@ def restore(args: argparse.Namespace) -> int:
 
 
 def verify(args: argparse.Namespace) -> int:
-    with _warnings_printed(), render.progress_bar("verifying", enabled=not args.json) as progress:
-        path, report = verify_from_config(_settings(args), progress=progress)
+    settings = _settings(args)
+    try:
+        with _warnings_printed(), render.progress_bar("verifying", enabled=not args.json) as progress:
+            path, report = verify_from_config(settings, progress=progress)
+    except CorruptDatabaseError as exc:
+        # Too damaged to inspect (its header, or a page Citadel reads to open it): `main` prints
+        # it, with what to do instead; a page it names is given by its bytes.
+        layout = page_layout(resolve_path(settings.path), {"high_water_mark": 0})
+        raise CorruptDatabaseError(render.page_named(without_advice_to_verify(str(exc)), layout)) from None
     if args.json:
         render.print_json({"database": path, **render.integrity_dict(report)})
     else:
         render.print_integrity(path, report)
     return 0 if report.ok else 1
+
+
+_RUN_VERIFY = "python -m citadeldb_openai_agents verify`"
+
+
+def without_advice_to_verify(message: str) -> str:
+    """`message` without its sentence advising to run `verify`: what `verify` itself prints."""
+    while (advice := message.find(_RUN_VERIFY)) >= 0:
+        before, after = message.rfind(". ", 0, advice), message.find(". ", advice)
+        start, end = before + 2 if before >= 0 else 0, after + 2 if after >= 0 else len(message)
+        message = (message[:start] + message[end:]).strip()
+    return message
 
 
 def serve(args: argparse.Namespace) -> int:

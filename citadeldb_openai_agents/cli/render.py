@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import sys
 from collections.abc import Callable, Iterator
@@ -18,7 +19,7 @@ from typing import Any
 from .. import EmbedderIdentity
 from ..config import CheckReport
 from ..options import DEFAULT_CACHE_PAGES, format_duration
-from ..results import ExportSummary, ImportReport, IntegrityReport, SessionSummary
+from ..results import ExportSummary, ImportReport, IntegrityReport, PageLayout, SessionSummary
 
 
 def print_check_report(report: CheckReport) -> None:
@@ -138,7 +139,9 @@ def integrity_dict(report: IntegrityReport) -> dict[str, Any]:
         "page_errors": list(report.page_errors),
         "item_verdicts": dict(report.item_verdicts),
         "audit_entries": report.audit_entries,
-        "audit_break_at": report.audit_break_at,
+        "audit_break_at": report.audit_break_at,  # counted from 1, as the text says
+        "layout": _layout_dict(report.layout),
+        "damaged_pages": [{"page": page, **_span_dict(report.layout, page)} for page in report.damaged_pages],
         "findings": list(report.findings),
         "sessions": [
             {
@@ -154,18 +157,85 @@ def integrity_dict(report: IntegrityReport) -> dict[str, Any]:
     }
 
 
+def _layout_dict(layout: PageLayout | None) -> dict[str, Any] | None:
+    if layout is None:
+        return None
+    return {
+        "header_bytes": layout.header_bytes,
+        "page_size": layout.page_size,
+        "high_water_mark": layout.high_water_mark,
+        "file_size": layout.file_size,
+        # [first, last] (inclusive), None when empty: what the text's "in use" and "past the mark" say.
+        "pages_in_use": [0, layout.high_water_mark - 1] if layout.high_water_mark else None,
+        "unused_bytes": [layout.used_end, layout.file_size - 1]
+        if layout.used_end < layout.file_size
+        else None,
+    }
+
+
+def _span_dict(layout: PageLayout | None, page: int) -> dict[str, int | None]:
+    first, last = layout.page_span(page) if layout is not None else (None, None)
+    return {"first_byte": first, "last_byte": last}
+
+
+def page_named(message: str, layout: PageLayout | None) -> str:
+    """Citadel's "page:N" as "page N (bytes A-B)": its number is the layout's, counted from 0."""
+    if layout is None:
+        return message
+
+    def named(match: re.Match[str]) -> str:
+        first, last = layout.page_span(int(match.group(1)))
+        return f"page {match.group(1)} (bytes {first}-{last})"
+
+    return re.sub(r"\b(?:page )?page:(\d+)", named, message)
+
+
+def _print_layout(path: str, layout: PageLayout) -> None:
+    """Where each page lies, which are in use, and what lies past the high-water mark."""
+    size, header = layout.page_size, layout.header_bytes
+    print(
+        f"pages:         page N is bytes {header}+{size}*N to {header}+{size}*N+{size - 1} of "
+        f"{os.path.basename(path)}, counted from 0 (bytes 0-{header - 1}: the header)"
+    )
+    mark = layout.high_water_mark
+    used = f"pages 0-{mark - 1}" if mark else "no page"
+    print(
+        f"in use:        {used}, below the high-water mark {mark} (bytes 0-{layout.used_end - 1}); "
+        "a free page among them holds no data and is not read"
+    )
+    if layout.used_end >= layout.file_size:
+        print("past the mark: nothing, the file ends there")
+        return
+    tail = layout.file_size - max(layout.used_end, header + layout.file_pages * size)
+    parts = [f"pages {mark}-{layout.file_pages - 1}"] if layout.file_pages > mark else []
+    parts += [count(tail, "byte")] if tail else []
+    print(
+        f"past the mark: bytes {layout.used_end}-{layout.file_size - 1} ({' and '.join(parts)}): "
+        "unused, they hold no data and are not read"
+    )
+
+
 def print_integrity(path: str, report: IntegrityReport) -> None:
     print(f"database:      {path}")
-    print(f"pages checked: {report.pages_checked}")
+    if report.layout is not None:
+        _print_layout(path, report.layout)
+    print(
+        f"pages checked: {report.pages_checked} (Citadel's page reads: each page the last two commits reach)"
+    )
     print(f"page errors:   {len(report.page_errors) or 'none'}")
     for error in report.page_errors:
-        print(f"  - {error}")
+        print(f"  - {page_named(error, report.layout)}")
     verdicts = ", ".join(f"{count} {verdict}" for verdict, count in sorted(report.item_verdicts.items()))
     print(f"items:         {verdicts or 'none'}")
     if report.audit_break_at is None:
         print(f"audit log:     {count(report.audit_entries, 'entry', 'entries')} verified, chain intact")
     else:
-        print(f"audit log:     chain broken at entry {report.audit_break_at}; the log was altered")
+        before = report.audit_break_at - 1
+        verified = {0: "none verified", 1: "entry 1 verified"}.get(before, f"entries 1-{before} verified")
+        print(
+            f"audit log:     chain broken at entry {report.audit_break_at} (entries counted from 1; "
+            f"{verified}); the log was altered"
+        )
     damaged = report.damaged_sessions
     print(f"sessions:      {len(report.sessions)} checked, {len(damaged) or 'none'} damaged")
     for session in damaged:
@@ -176,7 +246,7 @@ def print_integrity(path: str, report: IntegrityReport) -> None:
             + (f" ({session.cause})" if session.cause else "")
         )
     for finding in report.findings:
-        print(f"  - {finding}")
+        print(f"  - {page_named(finding, report.layout)}")
     sys.stdout.flush()
     if report.ok:
         print("OK: no damage or tampering found.")

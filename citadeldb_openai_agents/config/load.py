@@ -82,16 +82,16 @@ def verify_from_config(
 ) -> tuple[str, IntegrityReport]:
     """The configured file's path and `CitadelSessionStore.verify` report.
 
-    A damaged file refuses to open for use; it is then inspected with `verify_file`,
-    which changes nothing, so the report says what is damaged.
+    A damaged file refuses to open for use (its open-time audit, or a page the open reads);
+    it is then inspected with `verify_file`, which changes nothing, so the report names what
+    is damaged. A file too damaged for even that (its header) raises `CorruptDatabaseError`.
     """
     settings = load_settings(config)
     try:
         with open_existing_store(settings) as store:
             return store.path, store.verify(progress=progress)
-    except CorruptDatabaseError as exc:
-        if getattr(exc, "verdict", None) is None:
-            raise
+    except CorruptDatabaseError:
+        pass
     path = resolve_path(settings.path)
     try:
         return path, verify_file(path, settings.key.get_secret_value())

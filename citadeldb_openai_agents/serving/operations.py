@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Generic, TypeVar
 
 from ..options import TTL_MODES
-from ..results import EndedSession, Erasure, IntegrityReport, PurgeReport, SessionIntegrity
+from ..results import EndedSession, Erasure, IntegrityReport, PageLayout, PurgeReport, SessionIntegrity
 from ..storage import branches, reads, suffix, writes
 from ..storage import usage as usage_store
 from ..storage.codec import Batch
@@ -127,6 +127,10 @@ _REPORT = record(
         )
     ),
     findings=many(text),
+    layout=optional(
+        record(PageLayout, header_bytes=whole, page_size=whole, high_water_mark=whole, file_size=whole)
+    ),
+    damaged_pages=many(whole),
 )
 
 

@@ -3,15 +3,36 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
 import citadeldb
 
-from ..results import IntegrityReport, SessionIntegrity
+from ..results import IntegrityReport, PageLayout, SessionIntegrity
 from . import registry
 from .audit import audit, inventory_of
 from .engine import audit_chain
+
+# citadeldb 2.7.0's file (measured by altering bytes and reading which page Citadel names):
+# a 512-byte header (magic, format, page size, two commit slots), then the pages, counted from 0.
+HEADER_BYTES = 512
+_MAGIC = 0xC17AD3E1  # the header's first 4 bytes, little-endian; bytes 8-11 give the page size
+_PAGE = re.compile(r"\bpage:(\d+)")
+
+
+def page_layout(path: str, stats: Mapping[str, Any]) -> PageLayout | None:
+    """Where `path`'s pages lie and how many are in use (`db.stats()`); None if the header does not say."""
+    try:
+        with open(path, "rb") as file:
+            header, size = file.read(12), os.fstat(file.fileno()).st_size
+    except OSError:
+        return None
+    if len(header) < 12 or int.from_bytes(header[:4], "little") != _MAGIC:
+        return None
+    return PageLayout(
+        HEADER_BYTES, int.from_bytes(header[8:12], "little"), int(stats["high_water_mark"]), size
+    )
 
 
 def integrity_report(
@@ -20,10 +41,13 @@ def integrity_report(
     verdicts: dict[str, int],
     sessions: list[SessionIntegrity],
     findings: list[str] | None = None,
+    layout: PageLayout | None = None,
 ) -> IntegrityReport:
     """Assemble an `IntegrityReport` from Citadel's page check, audit-log check and the sessions'."""
     bad_items = sum(count for verdict, count in verdicts.items() if verdict != "authentic")
     findings = findings or []
+    # Citadel checks the current and the previous commit: a page both reach is reported twice.
+    page_errors = list(dict.fromkeys(str(error["message"]) for error in pages["errors"]))
     return IntegrityReport(
         ok=bool(pages["ok"])
         and bad_items == 0
@@ -31,12 +55,17 @@ def integrity_report(
         and all(session.ok for session in sessions)
         and not findings,
         pages_checked=int(pages["pages_checked"]),
-        page_errors=[str(error["message"]) for error in pages["errors"]],
+        page_errors=page_errors,
         item_verdicts=verdicts,
         audit_entries=int(chain["entries_verified"]),
-        audit_break_at=None if chain["chain_valid"] else int(chain["chain_break_at"] or 0),
+        # Citadel's `chain_break_at` is the broken entry's own sequence field, read from the
+        # altered bytes (4294967297 for entry 1 with its fifth byte altered): the entries
+        # before the break verified, so the break is the next one, counted from 1.
+        audit_break_at=None if chain["chain_valid"] else int(chain["entries_verified"]) + 1,
         sessions=sessions,
         findings=findings,
+        layout=layout,
+        damaged_pages=sorted({int(page) for error in page_errors for page in _PAGE.findall(error)}),
     )
 
 
@@ -49,7 +78,22 @@ def verify_file(path: str | os.PathLike[str], key: str) -> IntegrityReport:
 
 
 def _inspect(db: citadeldb.Database, path: str) -> IntegrityReport:
-    pages, chain = db.integrity_check(), audit_chain(db)
+    pages, chain, layout = db.integrity_check(), audit_chain(db), page_layout(path, db.stats())
+    try:
+        return _sessions(db, path, pages, chain, layout)
+    except citadeldb.IntegrityError as exc:
+        # A damaged page under the records every session is found by: the page check names it.
+        finding = f"no session can be read: Citadel failed on a damaged page ({exc})"
+        return integrity_report(pages, chain, {}, [], [finding], layout)
+
+
+def _sessions(
+    db: citadeldb.Database,
+    path: str,
+    pages: Mapping[str, Any],
+    chain: Mapping[str, Any],
+    layout: PageLayout | None,
+) -> IntegrityReport:
     inventory = inventory_of(db, path)
     verdict = audit(inventory)
     maintenance = db.memory_maintenance()
@@ -73,4 +117,4 @@ def _inspect(db: citadeldb.Database, path: str) -> IntegrityReport:
             SessionIntegrity(count.session_id, count.expected, readable, not_authentic, count.cause)
         )
     sessions.sort(key=lambda session: (session.session_id is None, session.session_id or ""))
-    return integrity_report(pages, chain, verdicts, sessions, verdict.file)
+    return integrity_report(pages, chain, verdicts, sessions, verdict.file, layout)

@@ -37,7 +37,7 @@ from .audit import ATOM_KEYS, check_before_memory
 from .completeness import now_micros
 from .engine import OpenDatabase, audit_chain, backup_with_audit, database_options, rotate
 from .files import copy_watched, database_files, make_private, private_files, resolve_path
-from .inspection import integrity_report
+from .inspection import integrity_report, page_layout
 from .ledger import LedgerEntry
 from .records import FileRetention
 from .reembed import reembed_file
@@ -158,7 +158,7 @@ class LocalFile:
 
     def verify(self, progress: Progress | None = None) -> IntegrityReport:
         """Citadel's page check, the audit log's chain, and per session what the pages hold against what reads back."""
-        pages = self._database.alone(lambda db: db.integrity_check())
+        pages, stats = self._database.alone(lambda db: (db.integrity_check(), db.stats()))
         chain = self._database.on_owner_thread(audit_chain)
         verdicts: dict[str, int] = {}
         counted: dict[str, tuple[int, int, int]] = {}  # a session's branches are counted with it
@@ -188,7 +188,7 @@ class LocalFile:
             f"erase them again (erase {session_id} --yes), or restore the backup with its ledger"
             for session_id, count in held.items()
         ]
-        return integrity_report(pages, chain, verdicts, sessions, ledgered)
+        return integrity_report(pages, chain, verdicts, sessions, ledgered, page_layout(self.path, stats))
 
     def erased_still_held(self, entries: list[LedgerEntry] | None = None) -> dict[str, int]:
         """Per session, the live items the ledger's `entries` (all of this file's) say were erased."""
