@@ -103,3 +103,23 @@ def test_the_readmes_first_screen_has_both_commands_then_the_quickstart() -> Non
     # Right after the test command's fence: the measurements of its time live in docs/performance.md.
     after_the_commands = [line for line in first_screen[first_screen.index(tests) + 2 :] if line.strip()]
     assert after_the_commands[0] == "## Quickstart", after_the_commands[:3]
+
+
+def test_deployment_quotes_the_served_ratios_of_the_sizing_table() -> None:
+    # A user sizing a deployment reads one of the two pages: they must give the same figures.
+    section = (ROOT / "docs" / "performance.md").read_text().split("### Sizing a deployment", 1)[1]
+    section = section.split("\n### ", 1)[0]
+    ranges: dict[tuple[str, str], tuple[float, float]] = {}
+    for row in re.findall(r"^\| (quiet|one CPU-bound process beside), 3 runs \| (\d) \|(.*)$", section, re.M):
+        low, high = re.findall(r"\| (\d\.\d\d)-(\d\.\d\d) \|", row[2])[0]
+        ranges[(row[0], row[1])] = (float(low), float(high))
+    assert set(ranges) == {(m, w) for m in ("quiet", "one CPU-bound process beside") for w in ("1", "2")}
+    loaded = [ranges[("one CPU-bound process beside", w)] for w in ("1", "2")]
+    quoted = [
+        ranges[("quiet", "1")],
+        ranges[("quiet", "2")],
+        (min(low for low, _ in loaded), max(high for _, high in loaded)),
+    ]
+    deployment = " ".join((ROOT / "docs" / "deployment.md").read_text().split())
+    for low, high in quoted:
+        assert f"{low:.2f}-{high:.2f} times SQLiteSession" in deployment, (low, high)
