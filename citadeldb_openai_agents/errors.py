@@ -108,11 +108,38 @@ class DatabaseNotFoundError(CitadelSessionError, FileNotFoundError):
         self.creation_refused = creation_refused
 
 
-class CorruptDatabaseError(CitadelSessionError):
-    """Citadel found damage in the file."""
+# What a damaged or unreadable file's message advises, except where `verify` itself is running.
+RUN_VERIFY = (
+    "Run `python -m citadeldb_openai_agents verify` for a report, and restore the file and its "
+    "companion files from a backup."
+)
 
 
-class StorageError(CitadelSessionError):
+class _Advised(CitadelSessionError):
+    """An error whose message is its `cause`, then `advice`: what to do about it.
+
+    The advice depends on who meets the error: a store's call advises running `verify`, and
+    `verify` itself, meeting the same damage, tells the same cause with other advice (`advising`)
+    instead of advising the user to run what they are running.
+    """
+
+    def __init__(self, cause: str, advice: str = "") -> None:
+        self.cause, self.advice = cause, advice
+        super().__init__(f"{cause} {advice}" if advice else cause)
+
+    def advising(self, advice: str) -> _Advised:
+        """The same cause, with `advice`: a new error of this type, with no traceback."""
+        return type(self)(self.cause, advice)
+
+    def __reduce__(self) -> tuple[type[_Advised], tuple[str, str]]:
+        return (type(self), (self.cause, self.advice))
+
+
+class CorruptDatabaseError(_Advised):
+    """Citadel found damage in the file; `cause` names it, `advice` says what to do."""
+
+
+class StorageError(_Advised):
     """Citadel failed in a way no other error here describes; the message names the file and what to do."""
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -124,6 +125,15 @@ class PageLayout:
         """The first and last byte of `page` in the file."""
         first = self.header_bytes + page * self.page_size
         return first, first + self.page_size - 1
+
+    def named(self, message: str) -> str:
+        """`message` (Citadel's) with each "page:N" as "page N (bytes A-B)", its number kept."""
+
+        def name(match: re.Match[str]) -> str:
+            first, last = self.page_span(int(match.group(1)))
+            return f"page {match.group(1)} (bytes {first}-{last})"
+
+        return re.sub(r"\b(?:page )?page:(\d+)", name, message)
 
     @property
     def used_end(self) -> int:

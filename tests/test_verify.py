@@ -124,6 +124,46 @@ def test_verify_never_advises_running_verify(
         assert f"page {page} (bytes {first}-{first + 8207}) failed its authentication tag" in out, out
 
 
+def test_verify_meeting_an_unknown_citadel_failure_says_what_to_do_not_to_run_verify(
+    original: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every store call that meets this failure advises running verify; verify itself must not.
+    from citadeldb_openai_agents.config import load
+    from citadeldb_openai_agents.storage.translate import translate_open_error
+
+    path = copy_of(original, tmp_path / "copy")
+    failure = translate_open_error(citadeldb.CitadelError("an engine failure no rule names"), str(path))
+    assert "citadeldb_openai_agents verify" in str(failure)
+
+    def fails(*_: Any) -> Any:
+        raise failure
+
+    monkeypatch.setattr(load, "verify_file", fails)
+    monkeypatch.setattr(
+        load, "open_existing_store", lambda _: (_ for _ in ()).throw(CorruptDatabaseError("refused"))
+    )
+    code, out, err = verify(capsys, monkeypatch, path)
+    assert code == 1 and "an engine failure no rule names" in err
+    assert "citadeldb_openai_agents verify" not in out + err and "report this error" in err, err
+
+
+def test_a_damage_error_keeps_its_cause_and_advice_across_the_owners_socket() -> None:
+    from citadeldb_openai_agents.errors import RUN_VERIFY, StorageError
+    from citadeldb_openai_agents.serving.protocol import error_from_wire, error_to_wire
+
+    for sent in (
+        CorruptDatabaseError("x.cdl is damaged.", RUN_VERIFY),
+        StorageError("Citadel failed.", "Retry."),
+    ):
+        received = error_from_wire(*error_to_wire(sent)[1:])
+        assert (type(received), received.cause, received.advice, str(received)) == (  # type: ignore[attr-defined]
+            type(sent),
+            sent.cause,
+            sent.advice,
+            str(sent),
+        )
+
+
 # -- 2. every page in use that holds data fails verify, named by its bytes ------------------------
 
 
@@ -142,7 +182,7 @@ def test_each_page_below_the_mark_that_holds_data_fails_verify_naming_its_bytes(
         try:
             report = verify_file(path, KEY)
         except CorruptDatabaseError as error:  # a page Citadel reads to open the file at all
-            assert f"page:{page} failed" in str(error), error
+            assert f"page {page} (bytes {first}-{first + 8207}) failed" in str(error), error
             named.append(page)
             continue
         assert report.layout is not None and report.layout.page_span(page) == (first, first + 8207)

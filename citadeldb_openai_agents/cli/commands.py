@@ -13,42 +13,21 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import NoReturn
 
-from .. import (
-    CitadelSessionStore,
-    CorruptDatabaseError,
-    DatabaseNotFoundError,
-    export_all,
-    export_sqlite,
-    import_file,
-)
 from ..config import (
-    CitadelSettings,
     check_configuration,
-    configuration_warnings,
     database_files,
-    from_config,
-    load_settings,
     new_passphrase,
-    open_existing_store,
     reembed_from_config,
     restore_from_config,
     verify_from_config,
 )
 from ..options import DEFAULT_SYNC_MODE
-from ..results import ExportSummary
-from ..storage.files import resolve_path
-from ..storage.inspection import page_layout
 from . import receipts, render
-
-
-class Refused(Exception):
-    """The command itself declines to run (no confirmation, no new passphrase, ...)."""
+from .opening import Refused, open_store, settings_of, warnings_printed
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -74,9 +53,9 @@ _UNSET_PROFILE = "unset (Citadel's default)"
 
 def init(args: argparse.Namespace) -> int:
     """Create the database the configuration names (a deploy's first step); verify one that exists."""
-    settings = _settings(args)
+    settings = settings_of(args)
     existed = os.path.exists(settings.path)
-    with _open(args, settings.model_copy(update={"create": True}), create=True) as store:
+    with open_store(args, settings.model_copy(update={"create": True}), create=True) as store:
         path, identity, served_by = store.path, store.embedder_identity, store.served_by
     if args.json:
         files = (
@@ -110,7 +89,7 @@ def init(args: argparse.Namespace) -> int:
 
 
 def sessions(args: argparse.Namespace) -> int:
-    with _open(args) as store:
+    with open_store(args) as store:
         summaries = store.sessions()
         path = store.path
     if args.json:
@@ -120,111 +99,8 @@ def sessions(args: argparse.Namespace) -> int:
     return 0
 
 
-def export(args: argparse.Namespace) -> int:
-    """`export SESSION_ID... | --all` with `--out PATH` and `--format jsonl|sqlite`.
-
-    A positional argument is a session id whatever the format, the destination comes from
-    --out alone, and every session only from --all: an access request for one person must
-    never be answered with everyone's history by a misplaced argument.
-    """
-    _check_export_arguments(args)
-    session_ids = None if args.every_session else list(args.session_ids)
-    if args.format == "jsonl" and session_ids is not None and len(session_ids) == 1:
-        return _export_one(args, session_ids[0])
-    with _open(args) as store, render.progress_bar("exporting", enabled=not args.json) as progress:
-        if args.format == "sqlite":
-            summary = export_sqlite(store, args.out, session_ids, progress=progress)
-        else:
-            summary = export_all(store, args.out, session_ids, progress=progress)
-        path = store.path
-    if args.json:
-        render.print_json(render.export_dict(path, summary))
-    else:
-        render.print_export(path, summary)
-    return 0
-
-
-def _check_export_arguments(args: argparse.Namespace) -> None:
-    """Exit 2, before the file is opened, for any export whose sessions or destination are unclear."""
-    if args.format == "sqlite" and args.out is None:
-        # In 0.1.0 the first argument was the new file: `export user-123 --format sqlite`
-        # wrote every session to a file named user-123. Now the same words write nothing.
-        _usage(
-            "export --format sqlite writes the new file --out names, and every other argument is a "
-            "session id: export --format sqlite --out DEST.db SESSION_ID... (every session: --all "
-            "instead of the ids). Nothing was written."
-        )
-    if args.every_session and args.session_ids:
-        _usage(
-            "--all exports every session: give session ids or --all, not both (a directory is given "
-            "with --out: export --all --out DIR). Nothing was written."
-        )
-    if not args.every_session and not args.session_ids:
-        _usage("name the sessions to export, or --all for every session (with --out)")
-    if args.format == "jsonl" and (args.every_session or len(args.session_ids) > 1) and args.out is None:
-        _usage(
-            "several sessions are written one JSON Lines file each, with an index.json: "
-            "give the new directory with --out DIR"
-        )
-
-
-def _export_one(args: argparse.Namespace, session_id: str) -> int:
-    """One session as JSON Lines: on stdout, or in the new file --out names."""
-    with _open(args) as store, render.progress_bar("exporting", enabled=True, unit="segment") as progress:
-        items = store.export(session_id, progress=progress)
-        path = store.path
-    data = render.json_lines(items)
-    if args.out is None:
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
-        return 0
-    out = Path(args.out).expanduser().absolute()
-    try:
-        # A transcript is personal data: only its owner reads it, and no file is replaced.
-        descriptor = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        raise Refused(
-            f"refusing to overwrite {out}: choose a new file (an export never replaces one)"
-        ) from None
-    with open(descriptor, "wb") as file:
-        file.write(data)
-    if args.json:
-        render.print_json(render.export_dict(path, ExportSummary(str(out), {session_id: len(items)})))
-    else:
-        print(f"exported {render.count(len(items), 'item')} of session {session_id!r} to {out}")
-    return 0
-
-
-def import_(args: argparse.Namespace) -> int:
-    with (
-        _open_new_or_existing(args, _settings(args)) as store,
-        render.progress_bar("importing", enabled=not args.json, unit="item") as progress,
-    ):
-        report = import_file(
-            store,
-            args.source,
-            session_id=args.session_id,
-            sessions_table=args.sessions_table,
-            messages_table=args.messages_table,
-            mode=args.mode,
-            progress=progress,
-        )
-        path = store.path
-    if args.json:
-        render.print_json(render.import_dict(path, report))
-    else:
-        render.print_import(path, report)
-    return 0
-
-
-def _usage(message: str) -> NoReturn:
-    """A usage error ends the command as argparse ends its own: the message, then exit status 2."""
-    print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
 def erase(args: argparse.Namespace) -> int:
-    with _open(args) as store:
+    with open_store(args) as store:
         path = store.path
         erased_at = datetime.now(timezone.utc)
         erased = store.erase_sessions(args.session_ids, confirm=None if args.yes else _confirmed(path))
@@ -233,28 +109,10 @@ def erase(args: argparse.Namespace) -> int:
     else:
         for session_id, erasure in erased:
             receipts.print_receipt(session_id, erasure, path, erased_at)
-    refuse_unconfirmed([session_id for session_id, erasure in erased if not erasure.readback_confirmed])
+    receipts.refuse_unconfirmed(
+        [session_id for session_id, erasure in erased if not erasure.readback_confirmed]
+    )
     return 0
-
-
-def refuse_unconfirmed(session_ids: list[str], where: str = "") -> None:
-    """Exit 1 after printing receipts whose readback did not confirm the erasure."""
-    if session_ids:
-        raise Refused(
-            f"the readback did not confirm the erasure of {', '.join(map(repr, session_ids))}{where}: "
-            "the keys were destroyed, but Citadel did not read every item back as missing. "
-            "Keep this receipt and run `python -m citadeldb_openai_agents verify`."
-        )
-
-
-def _open_new_or_existing(args: argparse.Namespace, target: CitadelSettings) -> CitadelSessionStore:
-    """The file the command writes to: created only with --create (a typo must not start a new file)."""
-    try:
-        return _open(args, target, create=args.create)
-    except DatabaseNotFoundError as exc:
-        if not exc.creation_refused:
-            raise
-        raise Refused(f"{exc} To start a new, empty file there, pass --create.") from None
 
 
 def _confirmed(path: str) -> Callable[[dict[str, int]], None]:
@@ -280,7 +138,7 @@ def _confirmed(path: str) -> Callable[[dict[str, int]], None]:
 
 
 def purge(args: argparse.Namespace) -> int:
-    with _open(args) as store, render.progress_bar("purging", enabled=not args.json) as progress:
+    with open_store(args) as store, render.progress_bar("purging", enabled=not args.json) as progress:
         purged_at = datetime.now(timezone.utc)
         report = store.purge(progress=progress)
         path, ttl, mode, idle = store.path, store.ttl, store.ttl_mode, store.idle_ttl
@@ -289,13 +147,13 @@ def purge(args: argparse.Namespace) -> int:
     else:
         # Sessions are only mentioned where a rule could end one.
         receipts.print_purge(report, path, purged_at, ttl, ends=bool(idle) or mode == "session")
-    refuse_unconfirmed([s.session_id for s in report.ended if not s.erasure.readback_confirmed])
+    receipts.refuse_unconfirmed([s.session_id for s in report.ended if not s.erasure.readback_confirmed])
     return 0
 
 
 def reembed(args: argparse.Namespace) -> int:
     with (
-        _warnings_printed(),
+        warnings_printed(),
         render.progress_bar("re-embedding", enabled=not args.json, unit="region") as progress,
     ):
         summary = reembed_from_config(args.config, progress=progress)
@@ -310,7 +168,7 @@ def reembed(args: argparse.Namespace) -> int:
 
 
 def rotate_key(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = settings_of(args)
     current_key = settings.key.get_secret_value()
     # Asked before the file is opened: the service stays stopped no longer than needed.
     new_key, source = _new_passphrase(args)
@@ -318,7 +176,7 @@ def rotate_key(args: argparse.Namespace) -> int:
         raise Refused(f"the new passphrase (from {source}) is empty; nothing was changed")
     if new_key == current_key:
         raise Refused(f"the new passphrase (from {source}) is the current one; nothing was changed")
-    with _open(args, settings) as store:
+    with open_store(args, settings) as store:
         store.rotate_key(current_key, new_key)
         path = store.path
     del current_key, new_key  # held no longer than needed
@@ -345,7 +203,7 @@ def rotate_key(args: argparse.Namespace) -> int:
 def _new_passphrase(args: argparse.Namespace) -> tuple[str, str]:
     """The new passphrase and where it came from: the configuration's sources, else a prompt."""
     try:
-        with _warnings_printed():
+        with warnings_printed():
             given = new_passphrase(args.new_key_file)
     except ValueError as exc:
         raise Refused(f"{exc}; nothing was changed") from None
@@ -367,7 +225,10 @@ def _new_passphrase(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def backup(args: argparse.Namespace) -> int:
-    with _open(args) as store, render.progress_bar("backing up", enabled=not args.json, unit="B") as progress:
+    with (
+        open_store(args) as store,
+        render.progress_bar("backing up", enabled=not args.json, unit="B") as progress,
+    ):
         written = store.backup(args.dest, progress=progress)
         path = store.path
     if args.json:
@@ -385,7 +246,7 @@ def backup(args: argparse.Namespace) -> int:
 
 
 def restore(args: argparse.Namespace) -> int:
-    with _warnings_printed():
+    with warnings_printed():
         report = restore_from_config(
             args.backup, args.config, replace=args.replace, ledger=not args.without_ledger
         )
@@ -406,32 +267,13 @@ def restore(args: argparse.Namespace) -> int:
 
 
 def verify(args: argparse.Namespace) -> int:
-    settings = _settings(args)
-    try:
-        with _warnings_printed(), render.progress_bar("verifying", enabled=not args.json) as progress:
-            path, report = verify_from_config(settings, progress=progress)
-    except CorruptDatabaseError as exc:
-        # Too damaged to inspect (its header, or a page Citadel reads to open it): `main` prints
-        # it, with what to do instead; a page it names is given by its bytes.
-        layout = page_layout(resolve_path(settings.path), {"high_water_mark": 0})
-        raise CorruptDatabaseError(render.page_named(without_advice_to_verify(str(exc)), layout)) from None
+    with warnings_printed(), render.progress_bar("verifying", enabled=not args.json) as progress:
+        path, report = verify_from_config(settings_of(args), progress=progress)
     if args.json:
         render.print_json({"database": path, **render.integrity_dict(report)})
     else:
         render.print_integrity(path, report)
     return 0 if report.ok else 1
-
-
-_RUN_VERIFY = "python -m citadeldb_openai_agents verify`"
-
-
-def without_advice_to_verify(message: str) -> str:
-    """`message` without its sentence advising to run `verify`: what `verify` itself prints."""
-    while (advice := message.find(_RUN_VERIFY)) >= 0:
-        before, after = message.rfind(". ", 0, advice), message.find(". ", advice)
-        start, end = before + 2 if before >= 0 else 0, after + 2 if after >= 0 else len(message)
-        message = (message[:start] + message[end:]).strip()
-    return message
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -441,13 +283,13 @@ def serve(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    settings = _settings(args)
+    settings = settings_of(args)
     if not settings.serve:
         raise Refused(
             f"serve is false (from {settings.provenance('serve').origin}): this command serves the file; "
             "set serve = true (CITADEL_SERVE=true)"
         )
-    with _open(args, settings, create=settings.create) as store:
+    with open_store(args, settings, create=settings.create) as store:
         if store.served_by is not None:
             raise Refused(
                 f"process {store.served_by} already holds {store.path} and serves it; "
@@ -457,31 +299,3 @@ def serve(args: argparse.Namespace) -> int:
         stop.wait()
     print("stopped: the file is closed and no longer served", flush=True)
     return 0
-
-
-# -- opening the store ---------------------------------------------------------------
-
-
-def _settings(args: argparse.Namespace) -> CitadelSettings:
-    with _warnings_printed():
-        return load_settings(args.config)
-
-
-def _open(
-    args: argparse.Namespace, settings: CitadelSettings | None = None, *, create: bool = False
-) -> CitadelSessionStore:
-    with _warnings_printed():
-        settings = settings if settings is not None else load_settings(args.config)
-        return from_config(settings) if create else open_existing_store(settings)
-
-
-@contextmanager
-def _warnings_printed() -> Iterator[None]:
-    """Print the configuration's warnings as ``warning:`` lines, before any error that follows."""
-    messages: list[str] = []
-    try:
-        with configuration_warnings() as messages:
-            yield
-    finally:
-        for message in messages:
-            print(f"warning: {message}", file=sys.stderr)

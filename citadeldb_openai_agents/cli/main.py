@@ -16,7 +16,8 @@ from typing import Any
 from .. import __version__
 from ..config import CitadelSettings
 from ..errors import CitadelSessionError, ConfigurationError, CorruptDatabaseError, DatabaseLockedError
-from . import commands, moving
+from . import commands, migration, moving
+from .opening import Refused
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -143,7 +144,7 @@ def _add_reads(add: Any, as_json: Any) -> None:
     export.add_argument(
         "--format", choices=["jsonl", "sqlite"], default="jsonl", help="jsonl (default) or sqlite"
     )
-    export.set_defaults(run=commands.export)
+    export.set_defaults(run=migration.export)
 
 
 def _add_import(add: Any, as_json: Any) -> None:
@@ -189,7 +190,7 @@ def _add_import(add: Any, as_json: Any) -> None:
         dest="mode",
         help="erase a session's items first (keys destroyed)",
     )
-    source.set_defaults(run=commands.import_, mode="new")
+    source.set_defaults(run=migration.import_, mode="new")
 
 
 def _add_erasures(add: Any, as_json: Any) -> None:
@@ -386,16 +387,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     except CorruptDatabaseError as exc:
         _error(exc)
-        if args.run is commands.verify:
-            print(
-                "verify: FAILED, the damage stops the file from being read; restore the "
-                "file and its companion files from a backup",
-                file=sys.stderr,
-            )
+        if args.run is commands.verify:  # the error says what to do; this, the verdict
+            print("verify: FAILED, the damage stops the file from being read", file=sys.stderr)
     except BrokenPipeError:
         # The reader (`| head`) left; stop quietly instead of failing again at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except (commands.Refused, CitadelSessionError, OSError) as exc:
+    except (Refused, CitadelSessionError, OSError) as exc:
         _error(exc)
     return 1
 

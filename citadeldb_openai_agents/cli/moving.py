@@ -24,15 +24,15 @@ from .. import (
 )
 from ..config import CitadelSettings, load_settings
 from . import receipts, render
-from .commands import Refused, _open, _open_new_or_existing, _settings, _warnings_printed, refuse_unconfirmed
+from .opening import Refused, open_new_or_existing, open_store, settings_of, warnings_printed
 
 
 def move(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = settings_of(args)
     target = _target_settings(args, settings)
     with (
-        _open(args, settings) as store,
-        _open_new_or_existing(args, target) as other,
+        open_store(args, settings) as store,
+        open_new_or_existing(args, target) as other,
         render.progress_bar("moving", enabled=not args.json, unit="item") as progress,
     ):
         moved_at = datetime.now(timezone.utc)
@@ -43,13 +43,13 @@ def move(args: argparse.Namespace) -> int:
         for summary in moved:
             receipts.print_move(summary, moved_at)
     unconfirmed = [m.session_id for m in moved if m.erasure is not None and not m.erasure.readback_confirmed]
-    refuse_unconfirmed(unconfirmed, " at the source")
+    receipts.refuse_unconfirmed(unconfirmed, " at the source")
     return 0
 
 
 def _target_settings(args: argparse.Namespace, source: CitadelSettings) -> CitadelSettings:
     """The settings of `--to-config`, refused when they name the source's own file."""
-    with _warnings_printed():
+    with warnings_printed():
         target = load_settings(args.to_config, **({"create": True} if args.create else {}))
     if os.path.realpath(source.path) == os.path.realpath(target.path):
         raise Refused(
@@ -61,7 +61,7 @@ def _target_settings(args: argparse.Namespace, source: CitadelSettings) -> Citad
 
 
 def ring(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = settings_of(args)
     path = _ring_file(settings)
     shards, previous = read_ring_file(path)
     if args.begin is not None:
@@ -105,7 +105,7 @@ def _print_ring(path: str, change: str, shards: Sequence[str], previous: Sequenc
 
 
 def rebalance(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = settings_of(args)
     shards, previous = read_ring_file(_ring_file(settings))
     if previous is None:
         raise Refused(
@@ -114,7 +114,7 @@ def rebalance(args: argparse.Namespace) -> int:
         )
     targets = _shard_configs(args)
     moved: list[tuple[str, MoveSummary]] = []
-    with _open(args, settings) as store, ExitStack() as stack:
+    with open_store(args, settings) as store, ExitStack() as stack:
         plan: dict[str, list[str]] = defaultdict(list)
         for session_id in store.session_ids():
             owner = shard_for(session_id, shards)
@@ -127,7 +127,7 @@ def rebalance(args: argparse.Namespace) -> int:
                 "nothing was moved"
             )
         for owner, session_ids in sorted(plan.items()):
-            other: CitadelSessionStore = stack.enter_context(_open(args, targets[owner]))
+            other: CitadelSessionStore = stack.enter_context(open_store(args, targets[owner]))
             moved += [(owner, summary) for summary in store.move_sessions(session_ids, other)]
     moved_at = datetime.now(timezone.utc)
     for owner, summary in moved:
@@ -156,7 +156,7 @@ def _check_nothing_left(
             f"--shard-config NAME=PATH for {', '.join(unknown)}; the ring file was not changed"
         )
     for name in sorted(set(previous)):
-        with _open(args, configs[name]) as store:
+        with open_store(args, configs[name]) as store:
             left = [sid for sid in store.session_ids() if shard_for(sid, shards) != name]
         if left:
             raise Refused(
@@ -171,7 +171,7 @@ def _shard_configs(args: argparse.Namespace) -> dict[str, CitadelSettings]:
         name, sep, path = given.partition("=")
         if not sep or not name or not path:
             raise Refused(f"--shard-config takes NAME=PATH (a shard's name and its TOML file), not {given!r}")
-        with _warnings_printed():
+        with warnings_printed():
             configs[name] = load_settings(path)
         if configs[name].shard != name:
             raise Refused(

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from ..results import Erasure, MoveSummary, PurgeReport
+from .opening import Refused
 from .render import count, utc
 
 
@@ -100,3 +101,13 @@ def print_move(summary: MoveSummary, moved_at: datetime) -> None:
     print(f"  items copied now:   {summary.copied}{earlier}")
     print(f"  erased at the source at {utc(moved_at)} UTC:")
     _print_erasure(summary.erasure)
+
+
+def refuse_unconfirmed(session_ids: list[str], where: str = "") -> None:
+    """Exit 1 after printing receipts whose readback did not confirm the erasure."""
+    if session_ids:
+        raise Refused(
+            f"the readback did not confirm the erasure of {', '.join(map(repr, session_ids))}{where}: "
+            "the keys were destroyed, but Citadel did not read every item back as missing. "
+            "Keep this receipt and run `python -m citadeldb_openai_agents verify`."
+        )

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import sys
 from collections.abc import Callable, Iterator
@@ -179,15 +178,8 @@ def _span_dict(layout: PageLayout | None, page: int) -> dict[str, int | None]:
 
 
 def page_named(message: str, layout: PageLayout | None) -> str:
-    """Citadel's "page:N" as "page N (bytes A-B)": its number is the layout's, counted from 0."""
-    if layout is None:
-        return message
-
-    def named(match: re.Match[str]) -> str:
-        first, last = layout.page_span(int(match.group(1)))
-        return f"page {match.group(1)} (bytes {first}-{last})"
-
-    return re.sub(r"\b(?:page )?page:(\d+)", named, message)
+    """Citadel's "page:N" as "page N (bytes A-B)", where the file's layout is known."""
+    return message if layout is None else layout.named(message)
 
 
 def _print_layout(path: str, layout: PageLayout) -> None:

@@ -19,6 +19,7 @@ from ..errors import (
     ConfigurationWarning,
     CorruptDatabaseError,
     DatabaseNotFoundError,
+    StorageError,
     WrongPassphraseError,
 )
 from ..hints import closest
@@ -84,20 +85,37 @@ def verify_from_config(
 
     A damaged file refuses to open for use (its open-time audit, or a page the open reads);
     it is then inspected with `verify_file`, which changes nothing, so the report names what
-    is damaged. A file too damaged for even that (its header) raises `CorruptDatabaseError`.
+    is damaged. A file too damaged for even that (its header) raises `CorruptDatabaseError`,
+    and one Citadel fails on otherwise `StorageError`, each advising what to do now that
+    `verify` has run (not to run it).
     """
     settings = load_settings(config)
     try:
         with open_existing_store(settings) as store:
             return store.path, store.verify(progress=progress)
     except CorruptDatabaseError:
-        pass
+        pass  # refused for use: inspected below as it is
+    except StorageError as exc:
+        told: Exception = exc.advising(_VERIFY_FAILED)
+        raise told from None
     path = resolve_path(settings.path)
     try:
         return path, verify_file(path, settings.key.get_secret_value())
     except WrongPassphraseError as exc:
-        wrong = _told_for(settings, exc)
-    raise wrong from None
+        told = _told_for(settings, exc)
+    except CorruptDatabaseError as exc:
+        told = exc.advising(_TOO_DAMAGED)
+    except StorageError as exc:
+        told = exc.advising(_VERIFY_FAILED)
+    raise told from None
+
+
+# What verify advises when it cannot inspect the file at all.
+_TOO_DAMAGED = "verify cannot read it: restore the file and its companion files from a backup."
+_VERIFY_FAILED = (
+    "verify cannot read it: report this error with its message; if the file is damaged, restore "
+    "it and its companion files from a backup."
+)
 
 
 def _session_settings(limit: int) -> Any:

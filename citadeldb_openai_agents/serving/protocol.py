@@ -27,6 +27,7 @@ from ..embedders.protocol import EmbedderIdentity
 from ..errors import (
     CitadelSessionError,
     ConfigurationError,
+    CorruptDatabaseError,
     DatabaseLockedError,
     DatabaseNotFoundError,
     ForkedStoreError,
@@ -208,6 +209,8 @@ def error_to_wire(exc: BaseException) -> list[Any]:
         details["creation_refused"] = exc.creation_refused
     elif isinstance(exc, ForkedStoreError):
         details["path"], details["owner_pid"] = exc.path, exc.owner_pid
+    elif isinstance(exc, (CorruptDatabaseError, StorageError)):
+        details["cause"], details["advice"] = exc.cause, exc.advice
     return ["error", type(exc).__name__, str(exc), details]
 
 
@@ -227,4 +230,6 @@ def error_from_wire(name: Any, message: Any, details: Any) -> CitadelSessionErro
         return DatabaseNotFoundError(message, creation_refused=flag(details.get("creation_refused", False)))
     if cls is ForkedStoreError:
         return ForkedStoreError(message, text(details.get("path", "")), whole(details.get("owner_pid", 0)))
+    if cls in (CorruptDatabaseError, StorageError) and "cause" in details:
+        return cls(text(details["cause"]), text(details.get("advice", "")))
     return cls(message)

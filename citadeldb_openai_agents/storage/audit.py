@@ -15,7 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import CorruptDatabaseError, StorageError
+from ..errors import RUN_VERIFY, CorruptDatabaseError, StorageError
 from .codec import SEARCH_KIND
 from .inventory import FileInventory, UnsupportedEngineError, take_inventory
 from .records import (
@@ -197,9 +197,7 @@ def check_before_memory(db: Any, path: str) -> AuditVerdict:
     verdict = audit(inventory_of(db, path))
     if not verdict.ok:
         error = CorruptDatabaseError(
-            f"{path} is damaged: {verdict.describe()}. Nothing was changed. Restore the file and "
-            "its companion files together from a backup; `python -m citadeldb_openai_agents "
-            "verify` prints the full report."
+            f"{path} is damaged: {verdict.describe()}. Nothing was changed.", RUN_VERIFY
         )
         error.verdict = verdict  # type: ignore[attr-defined]
         raise error

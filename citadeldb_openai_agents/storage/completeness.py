@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
-from ..errors import CorruptDatabaseError
+from ..errors import RUN_VERIFY, CorruptDatabaseError
 from .audit import ATOM_KEYS
 from .records import segment_name
 from .segment_cache import SegmentCaches, SessionState, live_ids
@@ -88,7 +88,6 @@ class CompletenessCheck:
         """The error for a read that came back short."""
         return CorruptDatabaseError(
             f"{self._path} is damaged: {missing} of {expected} items of session {state.session_id!r} "
-            f"cannot be read ({ATOM_KEYS}), and a read never returns a shortened history. Run "
-            "`python -m citadeldb_openai_agents verify` for the full report, and restore the file "
-            "and its companion files together from a backup."
+            f"cannot be read ({ATOM_KEYS}), and a read never returns a shortened history.",
+            RUN_VERIFY,
         )

@@ -7,13 +7,32 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
-from ..results import Progress
+from ..results import PageLayout, Progress
 from .process_state import UMASK, at_fork
 
 # Citadel keeps these beside the database file; without any of them the data cannot be
 # decrypted, so they are backed up, restored and moved together.
 COMPANION_SUFFIXES = (".citadel-keys", ".citadel-regions", ".citadel-atomkeys")
 AUDIT_SUFFIX = ".citadel-audit"  # Citadel's audit log: not needed to open the file
+
+
+# citadeldb 2.7.0's file (measured by altering bytes and reading which page Citadel names):
+# a 512-byte header (magic, format, page size, two commit slots), then the pages, counted from 0.
+HEADER_BYTES = 512
+_MAGIC = 0xC17AD3E1  # the header's first 4 bytes, little-endian; bytes 8-11 give the page size
+
+
+def page_layout(path: str, high_water_mark: int = 0) -> PageLayout | None:
+    """Where `path`'s pages lie, pages 0 to `high_water_mark` - 1 in use (`db.stats()`); None if
+    the header does not say (a file too damaged, or not Citadel's)."""
+    try:
+        with open(path, "rb") as file:
+            header, size = file.read(12), os.fstat(file.fileno()).st_size
+    except OSError:
+        return None
+    if len(header) < 12 or int.from_bytes(header[:4], "little") != _MAGIC:
+        return None
+    return PageLayout(HEADER_BYTES, int.from_bytes(header[8:12], "little"), high_water_mark, size)
 
 
 def resolve_path(path: str | os.PathLike[str]) -> str:

@@ -13,26 +13,9 @@ from ..results import IntegrityReport, PageLayout, SessionIntegrity
 from . import registry
 from .audit import audit, inventory_of
 from .engine import audit_chain
+from .files import page_layout
 
-# citadeldb 2.7.0's file (measured by altering bytes and reading which page Citadel names):
-# a 512-byte header (magic, format, page size, two commit slots), then the pages, counted from 0.
-HEADER_BYTES = 512
-_MAGIC = 0xC17AD3E1  # the header's first 4 bytes, little-endian; bytes 8-11 give the page size
 _PAGE = re.compile(r"\bpage:(\d+)")
-
-
-def page_layout(path: str, stats: Mapping[str, Any]) -> PageLayout | None:
-    """Where `path`'s pages lie and how many are in use (`db.stats()`); None if the header does not say."""
-    try:
-        with open(path, "rb") as file:
-            header, size = file.read(12), os.fstat(file.fileno()).st_size
-    except OSError:
-        return None
-    if len(header) < 12 or int.from_bytes(header[:4], "little") != _MAGIC:
-        return None
-    return PageLayout(
-        HEADER_BYTES, int.from_bytes(header[8:12], "little"), int(stats["high_water_mark"]), size
-    )
 
 
 def integrity_report(
@@ -78,7 +61,11 @@ def verify_file(path: str | os.PathLike[str], key: str) -> IntegrityReport:
 
 
 def _inspect(db: citadeldb.Database, path: str) -> IntegrityReport:
-    pages, chain, layout = db.integrity_check(), audit_chain(db), page_layout(path, db.stats())
+    pages, chain, layout = (
+        db.integrity_check(),
+        audit_chain(db),
+        page_layout(path, int(db.stats()["high_water_mark"])),
+    )
     try:
         return _sessions(db, path, pages, chain, layout)
     except citadeldb.IntegrityError as exc:

@@ -36,8 +36,8 @@ from . import reads, registry, retention, suffix, writes
 from .audit import ATOM_KEYS, check_before_memory
 from .completeness import now_micros
 from .engine import OpenDatabase, audit_chain, backup_with_audit, database_options, rotate
-from .files import copy_watched, database_files, make_private, private_files, resolve_path
-from .inspection import integrity_report, page_layout
+from .files import copy_watched, database_files, make_private, page_layout, private_files, resolve_path
+from .inspection import integrity_report
 from .ledger import LedgerEntry
 from .records import FileRetention
 from .reembed import reembed_file
@@ -188,7 +188,9 @@ class LocalFile:
             f"erase them again (erase {session_id} --yes), or restore the backup with its ledger"
             for session_id, count in held.items()
         ]
-        return integrity_report(pages, chain, verdicts, sessions, ledgered, page_layout(self.path, stats))
+        return integrity_report(
+            pages, chain, verdicts, sessions, ledgered, page_layout(self.path, int(stats["high_water_mark"]))
+        )
 
     def erased_still_held(self, entries: list[LedgerEntry] | None = None) -> dict[str, int]:
         """Per session, the live items the ledger's `entries` (all of this file's) say were erased."""

@@ -41,7 +41,7 @@ import citadeldb
 from citadeldb.memory import AtomHit, Memory
 
 from ..embedders.protocol import Embedder, EmbedderIdentity
-from ..errors import ConfigurationError, CorruptDatabaseError, EmbedderMismatchError
+from ..errors import RUN_VERIFY, ConfigurationError, CorruptDatabaseError, EmbedderMismatchError
 from .audit import AuditVerdict
 from .codec import ITEM_KIND
 from .completeness import CompletenessCheck, RowReader, now_micros
@@ -191,8 +191,8 @@ class SessionLayout:
             if owner is None or owner.record is None or (listed is not None and number not in listed):
                 # The audit explains every region or refuses the file: this one changed since.
                 raise CorruptDatabaseError(
-                    f"{self.path} changed while it was being opened: segment {name} has no "
-                    "catalog record. Run `python -m citadeldb_openai_agents verify`."
+                    f"{self.path} changed while it was being opened: segment {name} has no catalog record.",
+                    RUN_VERIFY,
                 )
             owner.segments.append(number)
         for state in list(self._states.values()):

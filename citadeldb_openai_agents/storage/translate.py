@@ -17,6 +17,7 @@ import citadeldb
 
 from ..embedders.protocol import embedder_failed
 from ..errors import (
+    RUN_VERIFY,
     CitadelSessionError,
     CorruptDatabaseError,
     DatabaseLockedError,
@@ -24,7 +25,7 @@ from ..errors import (
     StorageError,
     WrongPassphraseError,
 )
-from .files import AUDIT_SUFFIX, COMPANION_SUFFIXES
+from .files import AUDIT_SUFFIX, COMPANION_SUFFIXES, page_layout
 from .lockholder import find_lock_holder
 
 # How citadeldb 2.7.0 reports an exception raised by the embedder it called.
@@ -163,9 +164,9 @@ def _header_at_fault(path: str, message: str) -> str | None:
 
 def _unrecognised(path: str, exc: BaseException) -> StorageError:
     return StorageError(
-        f"Citadel failed on {path} ({type(exc).__name__}: {exc}). Run `python -m "
-        "citadeldb_openai_agents verify`; if it reports damage, restore the file and its "
-        "companion files from a backup, otherwise report this error with its message."
+        f"Citadel failed on {path} ({type(exc).__name__}: {exc}).",
+        "Run `python -m citadeldb_openai_agents verify`; if it reports damage, restore the file and "
+        "its companion files from a backup, otherwise report this error with its message.",
     )
 
 
@@ -199,11 +200,9 @@ def translate_storage_error(exc: BaseException, path: str) -> BaseException:
 
 
 def _corrupt(path: str, exc: BaseException) -> CorruptDatabaseError:
-    return CorruptDatabaseError(
-        f"{path} is damaged or is not a Citadel database ({exc}). Run "
-        "`python -m citadeldb_openai_agents verify` for a report, and restore the file and "
-        "its companion files from a backup."
-    )
+    layout = page_layout(path)  # a page Citadel names is given by its bytes, for an operator
+    cause = str(exc) if layout is None else layout.named(str(exc))
+    return CorruptDatabaseError(f"{path} is damaged or is not a Citadel database ({cause}).", RUN_VERIFY)
 
 
 def _missing_companions(path: str, suffixes: tuple[str, ...]) -> list[str]:
