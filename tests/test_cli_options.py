@@ -21,7 +21,6 @@ NO_REPORT = {"demo", "serve"}
 @pytest.fixture
 def database(tmp_path: Path) -> Path:
     path = tmp_path / "agent.cdl"
-    # The default sync mode: citadeldb 2.7.0's backup fails on some files written with "off".
     with CitadelSessionStore(path, PASSPHRASE, argon2_profile="iot") as store:
         asyncio.run(store.session("user-123").add_items([{"role": "user", "content": "hi"}]))
     return path

@@ -74,6 +74,26 @@ async def test_backup_restores_and_refuses_to_overwrite(
         assert await restored.session("s").get_items() == [{"n": 1}]
 
 
+@pytest.mark.parametrize("sync_mode", ["off", "full"])
+@pytest.mark.parametrize("sessions, items", [(1, 1), (3, 40)])
+async def test_a_file_written_in_any_sync_mode_backs_up_whole(
+    make_store, db_path: Path, tmp_path: Path, key: str, sync_mode: str, sessions: int, items: int
+) -> None:
+    # citadeldb 2.7.0's backup refused a healthy file of one session of one item written with
+    # "off" ("invalid page type 4"), which the store reported as damage; the other shape passes.
+    written = make_store(sync_mode=sync_mode)
+    held = {f"s{s}": [{"role": "user", "content": f"{s} {n}"} for n in range(items)] for s in range(sessions)}
+    for sid, items in held.items():
+        await written.session(sid).add_items(items)
+    written.close()
+    with CitadelSessionStore(db_path, key) as store:
+        assert store.verify().ok
+        store.backup(tmp_path / "copy.cdl")
+    with CitadelSessionStore(tmp_path / "copy.cdl", key) as restored:
+        assert {sid: await restored.session(sid).get_items() for sid in held} == held
+        assert restored.verify().ok
+
+
 async def test_a_backup_keeps_the_audit_log(
     store: CitadelSessionStore, db_path: Path, tmp_path: Path, key: str
 ) -> None:

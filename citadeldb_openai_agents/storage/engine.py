@@ -398,7 +398,17 @@ def backup_with_audit(db: citadeldb.Database, path: str, target: str) -> None:
     The log records erasures and backups; an auditor reading a restored file needs it.
     A backup opens and appends to its copy like the original (tests/test_operations.py).
     """
-    db.backup(target)
+    try:
+        db.backup(target)
+    except citadeldb.IntegrityError:
+        if not db.integrity_check(quiet=True)["ok"]:
+            raise  # damage: reported as such
+        # citadeldb 2.7.0's backup refuses some healthy files whose pages were written with
+        # sync_mode "off" ("invalid page type 4 on page page:N"; measured: 3 regions of 40 atoms),
+        # while integrity_check passes and every atom reads. Its compact() writes the same data,
+        # free space reclaimed, and the copy opens, verifies and backs up; a failed backup wrote
+        # nothing, so the destination is still free.
+        db.compact(target)
     audit = path + AUDIT_SUFFIX
     if os.path.exists(audit):
         shutil.copyfile(audit, target + AUDIT_SUFFIX)
