@@ -277,11 +277,12 @@ class CitadelSession(Branching):
         await self.aclose()
 
     def _check_open(self, wrapper: RunContextWrapper[Any] | None = None) -> None:
-        # First: in a forked child, closed or not, the answer is the fork and its fix.
+        # First: in a forked child, closed or not, the answer is the fork and its fix (the
+        # call's one fork check).
         self._store._check_process()
         if self._closed:
             raise SessionClosedError("this CitadelSession is closed; create a new one to continue.")
-        self._store._check_open()
+        self._store._check_not_closed()
         if wrapper is not None and self.on_run_context is not None:
             self.on_run_context(self, wrapper)  # may raise: the call then reads and writes nothing
 

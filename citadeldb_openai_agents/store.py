@@ -342,7 +342,11 @@ class CitadelSessionStore(Transfers):
         self._file.check_process()
 
     def _check_open(self) -> None:
+        """Every public call's first step: the one fork check, then whether the store is closed."""
         self._check_process()
+        self._check_not_closed()
+
+    def _check_not_closed(self) -> None:
         if self._closed:
             raise SessionClosedError(
                 f"this CitadelSessionStore ({self.path}) is closed; open a new one to continue."

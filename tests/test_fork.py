@@ -726,3 +726,24 @@ def test_a_child_whose_serving_parent_exited_is_told_at_once_to_restart_the_serv
     took, _, message = done.stdout.partition(" ")
     assert float(took) < 2.0, done.stdout + done.stderr
     assert "it has exited" in message and "Restart the whole server" in message, message
+
+
+async def test_a_call_checks_for_a_fork_once(make_store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The public call checks; the layers under it do not check again (issue 43: it was 4 times).
+    from citadeldb_openai_agents.storage.engine import OpenDatabase
+
+    checks: list[int] = []
+    forked = OpenDatabase.forked.fget  # type: ignore[attr-defined]
+
+    def counted(database: OpenDatabase) -> bool:
+        checks.append(1)
+        return bool(forked(database))
+
+    session = make_store().session("s")
+    await session.add_items([{"role": "user", "content": f"item {n}"} for n in range(30)])
+    monkeypatch.setattr(OpenDatabase, "forked", property(counted))
+    turn = [{"role": "user", "content": "a question"}, {"role": "assistant", "content": "an answer"}]
+    for call in (lambda: session.add_items(turn), lambda: session.get_items(limit=20), session.pop_item):
+        checks.clear()
+        await call()
+        assert len(checks) == 1, call

@@ -312,7 +312,8 @@ class SharedFile:
         while True:
             # A write names its batch: `resent` when an owner that died may have stored it.
             call_args = (*args, resent) if operation.batched else args
-            self.check_process()
+            if deadline is not None:  # a retry; the public call checked for a fork before the first
+                self.check_process()
             transport = self._transport
             try:
                 if transport is None:

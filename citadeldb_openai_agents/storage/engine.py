@@ -21,7 +21,6 @@ import gc
 import logging
 import os
 import queue
-import shutil
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -31,7 +30,6 @@ from typing import Any, TypeVar
 import citadeldb
 
 from ..errors import (
-    CitadelSessionError,
     DatabaseNotFoundError,
     ForkedStoreError,
     SessionClosedError,
@@ -40,7 +38,7 @@ from ..errors import (
 from ..options import Argon2Profile, SyncMode, check_argon2_profile, check_cache_size, check_sync_mode
 from . import inventory
 from .codec import ITEM_KIND
-from .files import AUDIT_SUFFIX, COMPANION_SUFFIXES, locked_by_this_process, opening, private_files
+from .files import COMPANION_SUFFIXES, locked_by_this_process, opening, private_files
 from .memory_handle import MemoryHandle
 from .process_state import current_pid
 from .translate import companions_missing, translate_open_error, translate_storage_error
@@ -226,8 +224,11 @@ class OpenDatabase:
 
     @contextmanager
     def operation(self) -> Iterator[citadeldb.memory.Memory]:
-        """Hold the file open for one memory operation; `close` waits for it to finish."""
-        self.check_process()
+        """Hold the file open for one memory operation; `close` waits for it to finish.
+
+        No fork check here: the public call that leads here made it (store.py, session.py), and
+        the owner's own threads, which also come here, do not exist in a forked child.
+        """
         with self._idle:
             while self._paused and not self._closed:
                 self._idle.wait()
@@ -383,45 +384,3 @@ def refuse_lost_key_files(db: citadeldb.Database, path: str) -> None:
     regions = db.query(f"SELECT count(*) FROM {inventory.REGION_TABLE}").rows[0][0]
     if regions:
         raise companions_missing(path, missing)
-
-
-def audit_chain(db: citadeldb.Database) -> dict[str, Any]:
-    """Citadel's check of the audit log's HMAC chain; an intact empty chain without a log."""
-    if db.audit_log_path() is None:
-        return {"entries_verified": 0, "chain_valid": True, "chain_break_at": None}
-    return dict(db.verify_audit_log())
-
-
-def backup_with_audit(db: citadeldb.Database, path: str, target: str) -> None:
-    """`db.backup`, plus a copy of the audit log, which Citadel's backup leaves out.
-
-    The log records erasures and backups; an auditor reading a restored file needs it.
-    A backup opens and appends to its copy like the original (tests/test_operations.py).
-    """
-    try:
-        db.backup(target)
-    except citadeldb.IntegrityError:
-        if not db.integrity_check(quiet=True)["ok"]:
-            raise  # damage: reported as such
-        # citadeldb 2.7.0's backup refuses some healthy files whose pages were written with
-        # sync_mode "off" ("invalid page type 4 on page page:N"; measured: 3 regions of 40 atoms),
-        # while integrity_check passes and every atom reads. Its compact() writes the same data,
-        # free space reclaimed, and the copy opens, verifies and backs up; a failed backup wrote
-        # nothing, so the destination is still free.
-        db.compact(target)
-    audit = path + AUDIT_SUFFIX
-    if os.path.exists(audit):
-        shutil.copyfile(audit, target + AUDIT_SUFFIX)
-
-
-def rotate(db: citadeldb.Database, path: str, current_key: str, new_key: str) -> bool:
-    """Change the passphrase and check that only the new one opens the file; False if `current_key` is wrong."""
-    if not db.verify_passphrase(current_key):
-        return False
-    db.change_passphrase(current_key, new_key)
-    if not db.verify_passphrase(new_key) or db.verify_passphrase(current_key):
-        raise CitadelSessionError(
-            f"the passphrase of {path} did not verify after the change; "
-            "restore the file from a backup before using it."
-        )
-    return True

@@ -12,8 +12,8 @@ import citadeldb
 from ..results import IntegrityReport, PageLayout, SessionIntegrity
 from . import registry
 from .audit import audit, inventory_of
-from .engine import audit_chain
 from .files import page_layout
+from .whole_file import audit_chain
 
 _PAGE = re.compile(r"\bpage:(\d+)")
 

@@ -35,7 +35,7 @@ from ..results import EndedSession, IntegrityReport, Progress, PurgeReport, Reem
 from . import reads, registry, retention, suffix, writes
 from .audit import ATOM_KEYS, check_before_memory
 from .completeness import now_micros
-from .engine import OpenDatabase, audit_chain, backup_with_audit, database_options, rotate
+from .engine import OpenDatabase, database_options
 from .files import copy_watched, database_files, make_private, page_layout, private_files, resolve_path
 from .inspection import integrity_report
 from .ledger import LedgerEntry
@@ -44,6 +44,7 @@ from .reembed import reembed_file
 from .search_upkeep import store_all_pending
 from .segment_cache import SessionState
 from .segments import SessionKey, SessionLayout
+from .whole_file import audit_chain, backup_with_audit, rotate
 
 T = TypeVar("T")
 _log = logging.getLogger("citadeldb_openai_agents")
