@@ -8,6 +8,7 @@ the caller's line and the package's one raise at its public boundary, and no cha
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pickle
 import subprocess
@@ -242,3 +243,25 @@ def test_a_wrong_passphrase_keeps_its_source_across_processes() -> None:
         == ("wrong passphrase for /x. Check the passphrase (it came from the key= argument); then fix it.")
     )
     assert again.source == "the key= argument"
+
+
+def test_a_restore_names_the_backup_the_passphrase_does_not_open_and_changes_nothing(
+    database: Path, tmp_path: Path
+) -> None:
+    from citadeldb_openai_agents import restore_backup
+
+    backup, target = tmp_path / "backup.cdl", tmp_path / "restored.cdl"
+    with CitadelSessionStore(database, RIGHT) as store:
+        asyncio.run(store.session("kept").add_items([{"role": "user", "content": "in the backup"}]))
+        held = store.session_ids()
+        store.backup(backup)
+        store.rotate_key(RIGHT, WRONG)  # the backup still opens with the passphrase of then
+    with pytest.raises(WrongPassphraseError) as caught:
+        restore_backup(backup, target, WRONG, erasure_ledger=None)
+    message = str(caught.value)
+    assert f"wrong passphrase for the backup {backup}" in message and ".restoring-" not in message
+    assert "it came from the key= argument" in message and "a later rotate-key does not change" in message
+    assert f"{target} was not changed" in message and not list(tmp_path.glob("restored.cdl*"))
+    assert restore_backup(backup, target, RIGHT, erasure_ledger=None).sessions == len(held)
+    with CitadelSessionStore(target, RIGHT) as restored:
+        assert held == ["kept"] and restored.session_ids() == held

@@ -9,9 +9,15 @@ from contextlib import suppress
 import citadeldb
 
 from ..embedders.protocol import Embedder
-from ..errors import BackupExistsError, CorruptDatabaseError, DatabaseLockedError, DatabaseNotFoundError
+from ..errors import (
+    BackupExistsError,
+    CorruptDatabaseError,
+    DatabaseLockedError,
+    DatabaseNotFoundError,
+    WrongPassphraseError,
+)
 from ..results import RestoreReport
-from .files import database_files, resolve_path
+from .files import COMPANION_SUFFIXES, database_files, resolve_path
 from .local_file import LocalFile
 from .lockholder import find_lock_holder
 
@@ -40,7 +46,11 @@ def restore(
         for name, copy in zip(database_files(source), database_files(staged), strict=True):
             if os.path.isfile(name):
                 _private_copy(name, copy)
-        local = LocalFile(staged, keys.pop(), embedder=embedder, options=options, create=False)
+        try:
+            local = LocalFile(staged, keys.pop(), embedder=embedder, options=options, create=False)
+        except WrongPassphraseError:
+            wrong = _backup_refuses_passphrase(source, target)  # not the staged copy's name
+            raise wrong from None
         try:
             entries = [] if ledger is None else local.ledger_entries(ledger)
             erased = local.replay(entries)
@@ -65,6 +75,16 @@ def restore(
             with suppress(FileNotFoundError):
                 os.remove(name)
     return RestoreReport(target, source, sessions, len(entries), erased, ledger)
+
+
+def _backup_refuses_passphrase(source: str, target: str) -> WrongPassphraseError:
+    # In a restore the likeliest cause is a passphrase changed since the backup was taken.
+    return WrongPassphraseError(
+        f"wrong passphrase for the backup {source}, or its key file {source}{COMPANION_SUFFIXES[0]} "
+        "is damaged: together they do not decrypt it.",
+        f": a backup opens only with the passphrase of when it was taken, which a later rotate-key "
+        f"does not change. {target} was not changed.",
+    )
 
 
 def _check_target(source: str, target: str, replace: bool) -> None:
