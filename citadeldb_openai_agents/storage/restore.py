@@ -46,11 +46,7 @@ def restore(
         for name, copy in zip(database_files(source), database_files(staged), strict=True):
             if os.path.isfile(name):
                 _private_copy(name, copy)
-        try:
-            local = LocalFile(staged, keys.pop(), embedder=embedder, options=options, create=False)
-        except WrongPassphraseError:
-            wrong = _backup_refuses_passphrase(source, target)  # not the staged copy's name
-            raise wrong from None
+        local = _open_staged(staged, keys.pop(), source, target, embedder, options)
         try:
             entries = [] if ledger is None else local.ledger_entries(ledger)
             erased = local.replay(entries)
@@ -75,6 +71,19 @@ def restore(
             with suppress(FileNotFoundError):
                 os.remove(name)
     return RestoreReport(target, source, sessions, len(entries), erased, ledger)
+
+
+def _open_staged(
+    staged: str, key: str, source: str, target: str, embedder: Embedder, options: citadeldb.DatabaseOptions
+) -> LocalFile:
+    """The backup's copy, opened; a passphrase it refuses is told as the backup's, not the copy's."""
+    try:
+        return LocalFile(staged, key, embedder=embedder, options=options, create=False)
+    except WrongPassphraseError:
+        wrong = _backup_refuses_passphrase(source, target)
+    finally:
+        del key
+    raise wrong from None
 
 
 def _backup_refuses_passphrase(source: str, target: str) -> WrongPassphraseError:
