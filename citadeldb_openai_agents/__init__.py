@@ -3,8 +3,6 @@
 The public API is what this module exports (`__all__`); every other module is private.
 """
 
-from typing import TYPE_CHECKING, Any
-
 from .config import CitadelSettings, from_config
 from .embedders import Embedder, EmbedderIdentity, LegacyEmbedderAdapter, SentenceTransformerEmbedder
 from .errors import (
@@ -53,8 +51,8 @@ from .results import (
     SessionIntegrity,
     SessionSummary,
 )
+from .session import CitadelSession, CitadelSessionStore
 from .shards import read_ring_file, shard_for, write_ring_file
-from .store import CitadelSessionStore
 
 __all__ = [
     "BackupExistsError",
@@ -116,15 +114,3 @@ __all__ = [
     "write_ring_file",
 ]
 __version__ = "0.2.0"
-
-if TYPE_CHECKING:
-    from .session import CitadelSession
-
-
-def __getattr__(name: str) -> Any:
-    # CitadelSession loads the Agents SDK (seconds); the operator CLI never needs it.
-    if name == "CitadelSession":
-        from .session import CitadelSession
-
-        return CitadelSession
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

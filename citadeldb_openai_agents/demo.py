@@ -21,9 +21,8 @@ from agents.memory import SessionSettings
 from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
 from agents.testing.model import ModelCall
 
-from .session import CitadelSession
+from .session import CitadelSession, CitadelSessionStore
 from .storage.codec import search_text
-from .store import CitadelSessionStore
 
 DEMO_KEY = "demo passphrase (not a secret; use CITADEL_KEY for real files)"
 SESSION_ID = "user-123"

@@ -1,19 +1,23 @@
-"""CitadelSession: the Agents SDK `Session` protocol over a `CitadelSessionStore`."""
+"""CitadelSession: the Agents SDK `Session` protocol over a `CitadelSessionStore`, which makes them.
+
+The store's work on its file is `FileStore`'s (store.py); the public store class is here, beside
+the session it makes and that opens it, so neither module imports the other back.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .branching import Branching
-from .errors import CitadelSessionError, ForkedStoreError, SessionClosedError
+from .errors import BranchError, CitadelSessionError, ForkedStoreError, SessionClosedError
 from .history import complete_despite_cancellation
 from .options import TtlMode, check_idle_ttl, check_max_items, check_ttl_mode
-from .results import HistoryHit
+from .results import Erasure, HistoryHit
 from .storage.records import Retention
-from .store import CitadelSessionStore
+from .store import FileStore
 
 if TYPE_CHECKING:
     from agents import FunctionTool, RunContextWrapper
@@ -21,11 +25,13 @@ if TYPE_CHECKING:
     from agents.memory import SessionSettings
 
 
+logger = logging.getLogger("citadeldb_openai_agents")
+
 # Called with the session and the run's context before each history call a run makes.
 RunContextHook = Callable[["CitadelSession", "RunContextWrapper[Any]"], None]
 
 
-class CitadelSession(Branching):
+class CitadelSession:
     """An Agents SDK session whose history lives encrypted in a Citadel file.
 
     Either give a file and passphrase (the session opens, or joins, the process's
@@ -36,7 +42,7 @@ class CitadelSession(Branching):
     or mint it from a store: ``store.session("user-123")``.
 
     The four protocol methods behave as `agents.SQLiteSession`'s do, and the branches, turns
-    and usage of `AdvancedSQLiteSession` are here too (branching.py). Session ids are
+    and usage of `AdvancedSQLiteSession` are here too. Session ids are
     arbitrary strings, case-sensitive ("Bob" and "bob" are two sessions).
 
     The session takes the run's context (the SDK passes its ``RunContextWrapper`` as
@@ -252,6 +258,108 @@ class CitadelSession(Branching):
             return False
         return True
 
+    # -- AdvancedSQLiteSession's branches, turns and usage (storage/branches.py, storage/usage.py) --
+
+    @property
+    def current_branch(self) -> str:
+        """The branch `add_items`, `pop_item` and reads without ``branch_id`` use ("main" at first)."""
+        return self._history.branch
+
+    async def create_branch_from_turn(self, turn_number: int, branch_name: str | None = None) -> str:
+        """Copy the current branch's items before user turn `turn_number` into a new branch, and
+        switch to it; return its name (`branch_name`, never one used before in this session, or
+        ``branch_from_turn_<n>_<time>``).
+
+        Raises:
+            BranchError: no user message starts that turn, or the name is blank or was used.
+        """
+        self._check_open()
+        return await complete_despite_cancellation(
+            asyncio.to_thread(self._history.create_branch, turn_number, branch_name)
+        )
+
+    async def create_branch_from_content(self, search_term: str, branch_name: str | None = None) -> str:
+        """`create_branch_from_turn` from the first user turn of the current branch holding `search_term`."""
+        matching = await self.find_turns_by_content(search_term)
+        if not matching:
+            raise BranchError(f"No user turns found containing '{search_term}'")
+        return await self.create_branch_from_turn(matching[0]["turn"], branch_name)
+
+    async def switch_to_branch(self, branch_id: str) -> None:
+        """Make `branch_id` the current branch (`BranchError` if it holds no item)."""
+        self._check_open()
+        await asyncio.to_thread(self._history.switch, branch_id)
+
+    async def delete_branch(self, branch_id: str, force: bool = False) -> Erasure:
+        """Erase a branch, keys destroyed, and return the receipt; its name stays used.
+
+        Raises:
+            BranchError: it does not exist, is "main", or is the current one without
+                ``force=True`` (with it, "main" becomes current first).
+        """
+        self._check_open()
+        return await complete_despite_cancellation(
+            asyncio.to_thread(self._history.delete_branch, branch_id, force)
+        )
+
+    async def list_branches(self) -> list[dict[str, Any]]:
+        """Each branch holding items: ``branch_id``, ``message_count``, ``user_turns``,
+        ``is_current``, ``created_at`` (UTC, as SQLite writes it), the oldest first."""
+        self._check_open()
+        return await asyncio.to_thread(self._history.list_branches)
+
+    async def get_conversation_turns(self, branch_id: str | None = None) -> list[dict[str, Any]]:
+        """Each user turn of a branch (None: the current one): ``turn``, ``content`` (cut at 100
+        characters), ``full_content``, ``timestamp``, ``can_branch``."""
+        self._check_open()
+        return await asyncio.to_thread(self._history.conversation_turns, branch_id)
+
+    async def find_turns_by_content(
+        self, search_term: str, branch_id: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The user turns holding `search_term` (ASCII letters in either case), as `get_conversation_turns`."""
+        self._check_open()
+        return await asyncio.to_thread(self._history.find_turns, search_term, branch_id)
+
+    async def get_conversation_by_turns(
+        self, branch_id: str | None = None
+    ) -> dict[int, list[dict[str, str | None]]]:
+        """Each turn's items in order, as ``{"type": ..., "tool_name": ...}`` (turn 0: before any user message)."""
+        self._check_open()
+        return await asyncio.to_thread(self._history.by_turns, branch_id)
+
+    async def get_tool_usage(self, branch_id: str | None = None) -> list[tuple[str | None, int, int]]:
+        """(tool name, calls, turn) for each tool called in each turn of a branch, by turn."""
+        self._check_open()
+        return await asyncio.to_thread(self._history.tool_usage, branch_id)
+
+    async def store_run_usage(self, result: Any) -> None:
+        """Keep a run's usage (``result.context_wrapper.usage``) as the current turn's, encrypted.
+
+        As the SDK's, it never raises: a failure is logged, and the run's result stands.
+        """
+        try:
+            self._check_open()
+            usage = result.context_wrapper.usage
+            if usage is not None:
+                await complete_despite_cancellation(asyncio.to_thread(self._history.store_usage, usage))
+        except Exception as exc:
+            logger.error("failed to store the session's usage: %s: %s", type(exc).__name__, exc)
+
+    async def get_session_usage(self, branch_id: str | None = None) -> dict[str, int] | None:
+        """Every stored turn's usage added up (``requests``, the token counts, ``total_turns``), of
+        one branch or (None) of all; None when none is stored."""
+        self._check_open()
+        return await asyncio.to_thread(self._history.session_usage, branch_id)
+
+    async def get_turn_usage(
+        self, user_turn_number: int | None = None, branch_id: str | None = None
+    ) -> list[dict[str, Any]] | dict[str, Any]:
+        """One turn's usage with its token details ({} when none), or (None) every turn's, of a
+        branch (None: the current one)."""
+        self._check_open()
+        return await asyncio.to_thread(self._history.turn_usage, user_turn_number, branch_id)
+
     def close(self) -> None:
         """Close this session (and its store when the session opened it). Idempotent."""
         if self._closed:
@@ -288,3 +396,88 @@ class CitadelSession(Branching):
 
     def __repr__(self) -> str:
         return f"<CitadelSession {self.session_id!r} in {self._store.path!r}>"
+
+
+class CitadelSessionStore(FileStore):
+    """An encrypted Citadel file shared by every session in it, and the sessions it makes.
+
+    What it does on its file is `FileStore`'s (store.py); this class adds `session()`, here
+    beside `CitadelSession`, which opens one of these when given a path.
+
+    Args:
+        path: The database file (created when missing, unless ``create=False``; its directory
+            must exist). A relative path resolves against the working directory. Creating a
+            file is logged at INFO (logger ``citadeldb_openai_agents``) with its absolute path.
+        key: The passphrase. Kept for the store's life in a private buffer zeroed on close
+            (taking the file over from an owner that went means opening it again).
+        embedder: Embeds item text for `CitadelSession.search`; default
+            ``citadeldb.MockEmbedder(dim=128)`` (no download). Any object with ``dim``, ``metric``,
+            ``model_id`` and ``embed_with_cancel`` works; one with ``embed`` / ``embed_queries`` is adapted.
+        ttl, ttl_mode: Seconds each item lives after its own write (``ttl_mode="item"``, the
+            default), or the whole session after its last write, which every add or pop pushes
+            forward (``"session"``); None keeps items forever. Expired items are invisible at once
+            and erased (keys destroyed) when their session is next written or by `purge`; an
+            expired session when next used, by `purge`, or by the file's owner within a minute.
+        idle_ttl: Seconds a session may go without a write before it is erased whole (as a session
+            TTL erases it), whatever the mode. None: never for idleness.
+        session_settings: Default `SessionSettings` for sessions minted here.
+        argon2_profile: Citadel's key-derivation cost for a *new* file ("iot", "desktop",
+            "server"); an existing file keeps its own.
+        sync_mode: Citadel's durability for writes while this process owns the file: "full"
+            (default: each commit flushes the key file and, twice, the pages), "normal" (the pages
+            once) or "off" (the key file only: a killed process loses nothing, a power cut may
+            lose recent writes). Applied at every open: every process on one file needs the same.
+        cache_size: Citadel's page cache in ~8 KiB pages for this process; default
+            `DEFAULT_CACHE_PAGES` (16,384: at most ~128 MiB, filled as pages are read).
+            Search is fast only while the cache holds the file (docs/performance.md).
+        create: False refuses to create a new file (`DatabaseNotFoundError`): a wrong path or
+            working directory cannot silently start an empty database.
+        serve: True (the default): the process that opens the file first owns it and serves it
+            to the other processes that open it, which become its clients with no change to
+            their code, and take it over if it goes. False: the file is this process's alone
+            (another gets `DatabaseLockedError`); a forked child's store raises `ForkedStoreError`.
+        adopt: Settings fixed per file (`FIXED_PER_FILE`: ttl, embedder, sync_mode, erasure_ledger)
+            taken from the owner when this store is its client, not refused if they differ (`adopted`
+            says what was taken; a takeover keeps them). `from_config` adopts those it leaves unset.
+        shards, shard: The fleet's shard names and this process's (`shard_for` places each
+            session on one): an operation on another shard's session raises `WrongShardError`.
+            Or `ring_file` in place of `shards`: a file an operator rewrites to change the ring live.
+        erasure_ledger: A file outside the database where the owner records every erasure
+            before it starts (`LedgerError` if it cannot), so `restore_backup` erases it again.
+        max_items: The most items a session keeps: each `add_items` erases the oldest beyond it,
+            as `pop_item` erases (keys destroyed). None: no cap. `session(...)` may give a session
+            its own ``max_items``, ``ttl_mode`` and ``idle_ttl``.
+
+    Stores on one file in one process share one open database (another passphrase is refused);
+    every process on it needs the same passphrase, TTL rules, embedder, sync mode and ledger, or adopts them.
+    """
+
+    def session(
+        self,
+        session_id: str,
+        *,
+        session_settings: SessionSettings | None = None,
+        on_run_context: RunContextHook | None = None,
+        max_items: int | None = None,
+        ttl_mode: TtlMode | None = None,
+        idle_ttl: float | None = None,
+    ) -> CitadelSession:
+        """A session (created on its first write); `WrongShardError` for another shard's.
+        `on_run_context`, and `max_items`, `ttl_mode`, `idle_ttl` in place of the store's: as
+        `CitadelSession` takes them."""
+        self._check_open()
+        self._file.check_shard(session_id)
+        settings = self.session_settings if session_settings is None else session_settings
+        session = CitadelSession(
+            session_id,
+            store=self,
+            session_settings=settings,
+            max_items=max_items,
+            ttl_mode=ttl_mode,
+            idle_ttl=idle_ttl,
+        )
+        session.on_run_context = on_run_context
+        return session
+
+    def __enter__(self) -> CitadelSessionStore:
+        return self

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import options as checks
@@ -17,72 +17,36 @@ from .embedders.providers import resolve_embedder
 from .errors import KEY_ARGUMENT, SessionClosedError, SessionNotFoundError, WrongPassphraseError
 from .history import History
 from .options import Argon2Profile, SyncMode, TtlMode
-from .results import Erasure, IntegrityReport, Progress, PurgeReport, SessionSummary
+from .results import (
+    Erasure,
+    IntegrityReport,
+    MoveSummary,
+    Progress,
+    PurgeReport,
+    SessionExport,
+    SessionSummary,
+)
 from .serving.protocol import Terms
 from .serving.shared_file import SharedFile
 from .shards import Ring, RingFile
+from .storage.codec import decode_item, decode_items, encode_batch
 from .storage.local_file import database_options
-from .storage.records import Retention
-from .transfers import Transfers
+from .storage.records import MAIN, Retention
+from .storage.segments import key_of
+from .transfer.chunks import IMPORT_MODES, ImportMode, import_chunks
+from .transfer.moves import move_sessions
 
 if TYPE_CHECKING:
     # Imported for annotations only: the operator CLI never needs the Agents SDK loaded.
     from agents.memory import SessionSettings
 
-    from .session import CitadelSession, RunContextHook
+    from .results import ImportSummary
 
 
-class CitadelSessionStore(Transfers):
-    """An encrypted Citadel file shared by every session in it (its export, import and move
-    methods are in transfers.py).
-
-    Args:
-        path: The database file (created when missing, unless ``create=False``; its directory
-            must exist). A relative path resolves against the working directory. Creating a
-            file is logged at INFO (logger ``citadeldb_openai_agents``) with its absolute path.
-        key: The passphrase. Kept for the store's life in a private buffer zeroed on close
-            (taking the file over from an owner that went means opening it again).
-        embedder: Embeds item text for `CitadelSession.search`; default
-            ``citadeldb.MockEmbedder(dim=128)`` (no download). Any object with ``dim``, ``metric``,
-            ``model_id`` and ``embed_with_cancel`` works; one with ``embed`` / ``embed_queries`` is adapted.
-        ttl, ttl_mode: Seconds each item lives after its own write (``ttl_mode="item"``, the
-            default), or the whole session after its last write, which every add or pop pushes
-            forward (``"session"``); None keeps items forever. Expired items are invisible at once
-            and erased (keys destroyed) when their session is next written or by `purge`; an
-            expired session when next used, by `purge`, or by the file's owner within a minute.
-        idle_ttl: Seconds a session may go without a write before it is erased whole (as a session
-            TTL erases it), whatever the mode. None: never for idleness.
-        session_settings: Default `SessionSettings` for sessions minted here.
-        argon2_profile: Citadel's key-derivation cost for a *new* file ("iot", "desktop",
-            "server"); an existing file keeps its own.
-        sync_mode: Citadel's durability for writes while this process owns the file: "full"
-            (default: each commit flushes the key file and, twice, the pages), "normal" (the pages
-            once) or "off" (the key file only: a killed process loses nothing, a power cut may
-            lose recent writes). Applied at every open: every process on one file needs the same.
-        cache_size: Citadel's page cache in ~8 KiB pages for this process; default
-            `DEFAULT_CACHE_PAGES` (16,384: at most ~128 MiB, filled as pages are read).
-            Search is fast only while the cache holds the file (docs/performance.md).
-        create: False refuses to create a new file (`DatabaseNotFoundError`): a wrong path or
-            working directory cannot silently start an empty database.
-        serve: True (the default): the process that opens the file first owns it and serves it
-            to the other processes that open it, which become its clients with no change to
-            their code, and take it over if it goes. False: the file is this process's alone
-            (another gets `DatabaseLockedError`); a forked child's store raises `ForkedStoreError`.
-        adopt: Settings fixed per file (`FIXED_PER_FILE`: ttl, embedder, sync_mode, erasure_ledger)
-            taken from the owner when this store is its client, not refused if they differ (`adopted`
-            says what was taken; a takeover keeps them). `from_config` adopts those it leaves unset.
-        shards, shard: The fleet's shard names and this process's (`shard_for` places each
-            session on one): an operation on another shard's session raises `WrongShardError`.
-            Or `ring_file` in place of `shards`: a file an operator rewrites to change the ring live.
-        erasure_ledger: A file outside the database where the owner records every erasure
-            before it starts (`LedgerError` if it cannot), so `restore_backup` erases it again.
-        max_items: The most items a session keeps: each `add_items` erases the oldest beyond it,
-            as `pop_item` erases (keys destroyed). None: no cap. `session(...)` may give a session
-            its own ``max_items``, ``ttl_mode`` and ``idle_ttl``.
-
-    Stores on one file in one process share one open database (another passphrase is refused);
-    every process on it needs the same passphrase, TTL rules, embedder, sync mode and ledger, or adopts them.
-    """
+class FileStore:
+    """An encrypted Citadel file shared by every session in it: all of `CitadelSessionStore` but
+    the making of sessions (session.py adds it, as CitadelSession opens one of these).
+    Its arguments are documented on `CitadelSessionStore`."""
 
     def __init__(
         self,
@@ -174,35 +138,6 @@ class CitadelSessionStore(Transfers):
     @property
     def closed(self) -> bool:
         return self._closed
-
-    def session(
-        self,
-        session_id: str,
-        *,
-        session_settings: SessionSettings | None = None,
-        on_run_context: RunContextHook | None = None,
-        max_items: int | None = None,
-        ttl_mode: TtlMode | None = None,
-        idle_ttl: float | None = None,
-    ) -> CitadelSession:
-        """A session (created on its first write); `WrongShardError` for another shard's.
-        `on_run_context`, and `max_items`, `ttl_mode`, `idle_ttl` in place of the store's: as
-        `CitadelSession` takes them."""
-        from .session import CitadelSession
-
-        self._check_open()
-        self._file.check_shard(session_id)
-        settings = self.session_settings if session_settings is None else session_settings
-        session = CitadelSession(
-            session_id,
-            store=self,
-            session_settings=settings,
-            max_items=max_items,
-            ttl_mode=ttl_mode,
-            idle_ttl=idle_ttl,
-        )
-        session.on_run_context = on_run_context
-        return session
 
     def session_ids(self) -> list[str]:
         """The ids of the sessions holding at least one live item, sorted."""
@@ -307,6 +242,120 @@ class CitadelSessionStore(Transfers):
         self._check_open()
         return self._file.verify(progress)
 
+    # -- whole sessions in and out: export, import, move (transfer/) --
+
+    def export(self, session_id: str, *, progress: Progress | None = None) -> list[Any]:
+        """A session's items, oldest first, exactly as stored (for a data-access request).
+
+        `progress(done, total)` is called after each of the session's segments (256 items).
+
+        Raises:
+            SessionNotFoundError: the session holds no live item.
+        """
+        self._check_open()
+        items = decode_items(self._file.all_items(session_id, progress))
+        if not items:
+            raise self._not_found(session_id)
+        return items
+
+    def import_items(
+        self,
+        session_id: str,
+        items: Iterable[Any],
+        *,
+        mode: ImportMode = "new",
+        progress: Progress | None = None,
+        branch: str = MAIN,
+    ) -> ImportSummary:
+        """Import items into a session, verbatim and in order; a rerun resumes, never duplicates.
+
+        Written in atomic chunks of 256 items whose ids derive from this import (transfer/chunks.py).
+        `mode`: "new" refuses a session that holds other items than this import's, "append" adds
+        after them, "replace" erases them first (every branch). `progress(items done, items)` after
+        each chunk. Another `branch` than "main" gets the items after what it holds ("replace"
+        replaces nothing there: the session's own replacement erased it); its name is recorded
+        as used, as a branch created here.
+
+        Raises:
+            SessionNotEmptyError: mode "new" and the session holds other items; nothing was written.
+            InvalidItemError: an item is not JSON (its position is named); nothing was written.
+        """
+        self._check_open()
+        if mode not in IMPORT_MODES:
+            raise ValueError(f"mode must be one of {', '.join(IMPORT_MODES)}, not {mode!r}")
+        if branch != MAIN:
+            self._file.reserve(session_id, [branch])
+        return import_chunks(
+            self._file,
+            session_id,
+            encode_batch(list(items)),
+            mode,
+            self._history(session_id, None).expires_at,
+            progress,
+            branch,
+        )
+
+    def import_usage(
+        self,
+        session_id: str,
+        usage: Iterable[tuple[str, int, dict[str, Any]]],
+        *,
+        branch_names: Iterable[str] = (),
+    ) -> int:
+        """Store each (branch, user turn, usage) as `store_run_usage` would have stored it then, and
+        record `branch_names` as used; returns the turns whose usage was stored (a turn the
+        branch does not hold is skipped). Running it again stores the same."""
+        self._check_open()
+        names = list(branch_names)
+        if names:
+            self._file.reserve(session_id, names)
+        return sum(
+            self._file.store_usage(key_of(session_id, branch), used, turn) for branch, turn, used in usage
+        )
+
+    def export_session(self, session_id: str) -> SessionExport:
+        """A session whole (a data-access request): every branch's items with when each was written,
+        every turn's usage stored, and every branch name the session used.
+
+        Raises:
+            SessionNotFoundError: no branch of the session holds a live item.
+        """
+        self._check_open()
+        names = [name for name, *_ in self._file.branches(session_id)]
+        if not names:
+            raise self._not_found(session_id)
+        branches = {}
+        for name in sorted(names, key=lambda branch: branch != MAIN):
+            rows = self._file.item_rows(key_of(session_id, name))
+            branches[name] = [(decode_item(payload), created) for _, created, payload in rows]
+        usage = self._file.usage(session_id, None)
+        return SessionExport(session_id, branches, usage, self._file.reserved(session_id))
+
+    def move_session(
+        self, session_id: str, other: FileStore, *, progress: Progress | None = None
+    ) -> MoveSummary:
+        """Move a session to `other` (another file): copy, compare item by item, then erase it here;
+        safe to interrupt and run again (transfer/moves.py): the session stays whole here, or in
+        both files with the erase still to do, never in neither; the copy resumes, and the erase
+        (with its receipt) happens only if this file still holds exactly the items compared. One
+        found only in `other` was moved earlier (`erasure` None). `progress(copied, items)`.
+
+        Raises:
+            SessionNotFoundError: neither file holds the session.
+            MoveConflictError: `other` holds other items under this id, or the session changed; nothing erased.
+            ValueError: `other` is a store on this very file.
+        """
+        return self.move_sessions([session_id], other, progress=progress)[0]
+
+    def move_sessions(
+        self, session_ids: list[str], other: FileStore, *, progress: Progress | None = None
+    ) -> list[MoveSummary]:
+        """`move_session` for each id in turn, once every one is found and free of conflict."""
+        self._check_open()
+        other._check_open()
+        ids = list(dict.fromkeys(session_ids))
+        return move_sessions(self._file, other._file, ids, other._history("", None).expires_at, progress)
+
     def _not_found(self, *session_ids: str, done: str = "") -> SessionNotFoundError:
         lister = f"{done} `python -m citadeldb_openai_agents sessions` lists them.".lstrip()
         named = ", ".join(map(repr, session_ids))
@@ -328,7 +377,7 @@ class CitadelSessionStore(Transfers):
             self._closed = True
         self._file.release()
 
-    def __enter__(self) -> CitadelSessionStore:
+    def __enter__(self) -> FileStore:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -26,8 +26,8 @@ from ..hints import closest
 from ..offline import reembed, restore_backup, verify_file
 from ..options import FIXED_PER_FILE
 from ..results import IntegrityReport, Progress, ReembedSummary, RestoreReport
+from ..session import CitadelSessionStore
 from ..storage.files import resolve_path
-from ..store import CitadelSessionStore
 from .model import CitadelSettings
 from .provenance import DEFAULT, KEY_FILE, SECRETS_DIRECTORY, passphrase_source
 

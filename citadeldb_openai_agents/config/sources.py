@@ -68,27 +68,7 @@ class Layer(PydanticBaseSettingsSource):
         return f"Layer({self._source!r})"
 
 
-class _ReportsBadJson:
-    """A table given as JSON that does not parse is a problem to list, not an exception."""
-
-    _loading: LoadState
-
-    def _bad_json(self, field_name: str) -> str:
-        raise NotImplementedError
-
-    def prepare_field_value(
-        self, field_name: str, field: FieldInfo, value: Any, value_is_complex: bool
-    ) -> Any:
-        try:
-            return super().prepare_field_value(  # type: ignore[misc]
-                field_name, field, value, value_is_complex
-            )
-        except ValueError:
-            self._loading.problems.append(self._bad_json(field_name))
-            return None
-
-
-class EnvironmentSource(_ReportsBadJson, EnvSettingsSource):
+class EnvironmentSource(EnvSettingsSource):
     """``CITADEL_*`` variables; an unknown one is a problem naming the closest valid name."""
 
     def __init__(self, settings_cls: type[BaseSettings], loading: LoadState) -> None:
@@ -123,7 +103,11 @@ class EnvironmentSource(_ReportsBadJson, EnvSettingsSource):
     ) -> Any:
         if field_name in COMMA_SEPARATED and isinstance(value, str) and not value.lstrip().startswith("["):
             return value  # CITADEL_SHARDS=a,b,c: split by the setting's validator
-        return super().prepare_field_value(field_name, field, value, value_is_complex)
+        try:
+            return super().prepare_field_value(field_name, field, value, value_is_complex)
+        except ValueError:  # a table given as JSON that does not parse: a problem to list
+            self._loading.problems.append(self._bad_json(field_name))
+            return None
 
     def _bad_json(self, field_name: str) -> str:
         return (
@@ -141,7 +125,7 @@ class EnvironmentSource(_ReportsBadJson, EnvSettingsSource):
         return Origin(ENVIRONMENT, environment_variable(name.split(".")[0]))
 
 
-class SecretsDirectorySource(_ReportsBadJson, SecretsSettingsSource):
+class SecretsDirectorySource(SecretsSettingsSource):
     """pydantic-settings' secrets directory (Docker's /run/secrets, a Kubernetes secret volume).
 
     One file per setting, named like the variable in lower case: ``citadel_key``
@@ -175,6 +159,15 @@ class SecretsDirectorySource(_ReportsBadJson, SecretsSettingsSource):
         except ValueError as exc:
             self._loading.problems.append(f"{exc} (in the secrets directory)")
             return None, key, is_complex
+
+    def prepare_field_value(
+        self, field_name: str, field: FieldInfo, value: Any, value_is_complex: bool
+    ) -> Any:
+        try:
+            return super().prepare_field_value(field_name, field, value, value_is_complex)
+        except ValueError:  # a table given as JSON that does not parse: a problem to list
+            self._loading.problems.append(self._bad_json(field_name))
+            return None
 
     def _bad_json(self, field_name: str) -> str:
         return f"{self._path(field_name)} is not valid JSON; write the {field_name} table as a JSON object"

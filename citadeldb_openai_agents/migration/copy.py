@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import SessionNotEmptyError
 from ..results import ImportSummary
-from ..store import CitadelSessionStore
+from ..session import CitadelSessionStore
 from ..transfer.chunks import CHUNK, IMPORT_MODES, ImportMode, as_stored, plan
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import ImportSourceError, SessionNotEmptyError, SessionNotFoundError
 from ..results import ExportSummary, ImportReport, ImportSummary, Progress, SessionExport
-from ..store import CitadelSessionStore
+from ..session import CitadelSessionStore
 from ..transfer.chunks import CHUNK, IMPORT_MODES, ImportMode, as_stored, plan
 from .jsonl import JsonlSource, write_session_files
 from .sdk_files import SqliteSource, is_sqlite, write_sqlite_file
