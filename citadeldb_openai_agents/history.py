@@ -46,9 +46,9 @@ class History:
     def expires_at(self) -> int | None:
         """When an item written now expires (µs since the epoch), or None: never, or not on its
         own (in session mode the whole session expires, storage/retention.py)."""
-        terms, own = self._file.terms, self.retention
-        mode = terms.ttl_mode if own is None or own.ttl_mode is None else own.ttl_mode
-        ttl = terms.ttl
+        options, own = self._file.options, self.retention
+        mode = options.ttl_mode if own is None or own.ttl_mode is None else own.ttl_mode
+        ttl = options.ttl
         return None if ttl is None or mode == "session" else int((time.time() + ttl) * 1_000_000)
 
     def get_items(self, limit: int | None, branch: str | None = None) -> list[Any]:

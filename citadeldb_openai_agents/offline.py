@@ -7,10 +7,9 @@ from typing import Any
 
 from .embedders.providers import resolve_embedder
 from .errors import KEY_ARGUMENT, WrongPassphraseError
-from .options import Argon2Profile, SyncMode, check_passphrase
+from .options import Argon2Profile, StoreOptions, SyncMode, check_passphrase
 from .results import IntegrityReport, Progress, ReembedSummary, RestoreReport
 from .storage import inspection, local_file
-from .storage.engine import database_options
 from .storage.restore import restore
 
 
@@ -76,7 +75,7 @@ def restore_backup(
             check_passphrase(key),
             ledger=None if erasure_ledger is None else os.fspath(erasure_ledger),
             embedder=resolve_embedder(embedder),
-            options=database_options(argon2_profile, sync_mode, None),
+            options=StoreOptions.of(argon2_profile=argon2_profile, sync_mode=sync_mode),
             replace=replace,
         )
     except WrongPassphraseError as exc:

@@ -8,7 +8,10 @@ when a value is wrong.
 from __future__ import annotations
 
 import math
+import os
 import re
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, fields, replace
 from typing import Any, Literal, get_args
 
 from .errors import EmptyPassphraseError
@@ -176,3 +179,53 @@ def check_passphrase(key: Any) -> str:
         del key  # bytes holding the passphrase: error trackers record a failed frame's locals
         raise TypeError(f"the passphrase must be a str, not {kind}")
     return key
+
+
+def _absolute(path: Any) -> str:
+    return str(os.path.abspath(os.path.expanduser(os.fspath(path))))
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    """A store's settings for its file, checked once and passed whole to every layer that needs
+    them, as the Agents SDK passes one `RunConfig`: the store's keyword arguments (and so
+    `from_config`'s settings) become one of these in `FileStore.__init__`, and nothing below
+    rebuilds a bundle of its own. Those of `FIXED_PER_FILE` (all but the embedder, which is an
+    object) are the owner's terms on the wire: every process on a file shares them, or adopts
+    the owner's (`taking`). Citadel's own open options are made from it in storage/engine.py.
+    """
+
+    ttl: float | None = None
+    sync_mode: SyncMode = DEFAULT_SYNC_MODE
+    erasure_ledger: str | None = None  # absolute
+    ttl_mode: TtlMode = "item"
+    idle_ttl: float | None = None
+    argon2_profile: Argon2Profile | None = None  # a new file's; an existing one keeps its own
+    cache_size: int = DEFAULT_CACHE_PAGES
+
+    @classmethod
+    def of(cls, **given: Any) -> StoreOptions:
+        """Options from keyword arguments, each checked (`ValueError` naming it); None: the default."""
+        unknown = set(given) - {option.name for option in fields(cls)}
+        if unknown:
+            raise TypeError(f"unknown store options: {', '.join(sorted(unknown))}")
+        return cls(**{name: _CHECKS[name](value) for name, value in given.items() if value is not None})
+
+    def shared(self) -> dict[str, Any]:
+        """The settings fixed per file, by name (the embedder aside)."""
+        return {name: getattr(self, name) for name in FIXED_PER_FILE if name != "embedder"}
+
+    def taking(self, owner: StoreOptions, names: Collection[str]) -> StoreOptions:
+        """These options with the owner's value of each setting fixed per file in `names`."""
+        return replace(self, **{name: getattr(owner, name) for name in names if name != "embedder"})
+
+
+_CHECKS: dict[str, Callable[[Any], Any]] = {
+    "ttl": check_ttl,
+    "sync_mode": check_sync_mode,
+    "erasure_ledger": _absolute,
+    "ttl_mode": check_ttl_mode,
+    "idle_ttl": check_idle_ttl,
+    "argon2_profile": check_argon2_profile,
+    "cache_size": check_cache_size,
+}

@@ -16,7 +16,7 @@ from .embedders.protocol import EmbedderIdentity
 from .embedders.providers import resolve_embedder
 from .errors import KEY_ARGUMENT, SessionClosedError, SessionNotFoundError, WrongPassphraseError
 from .history import History
-from .options import Argon2Profile, SyncMode, TtlMode
+from .options import Argon2Profile, StoreOptions, SyncMode, TtlMode
 from .results import (
     Erasure,
     IntegrityReport,
@@ -26,11 +26,9 @@ from .results import (
     SessionExport,
     SessionSummary,
 )
-from .serving.protocol import Terms
 from .serving.shared_file import SharedFile
 from .shards import Ring, RingFile
 from .storage.codec import decode_item, decode_items, encode_batch
-from .storage.local_file import database_options
 from .storage.records import MAIN, Retention
 from .storage.segments import key_of
 from .transfer.chunks import IMPORT_MODES, ImportMode, import_chunks
@@ -77,21 +75,16 @@ class FileStore:
             adopted = checks.check_adopt(adopt)
             ring = Ring.of(shards, shard) if ring_file is None else RingFile.of(ring_file, shards, shard)
             self.session_settings = session_settings
-            resolved_embedder = resolve_embedder(embedder)
-            options = database_options(argon2_profile, sync_mode, cache_size)
+            # The one options value, built once and passed whole (options.StoreOptions).
+            options = StoreOptions.of(
+                ttl=ttl, ttl_mode=ttl_mode, idle_ttl=idle_ttl, sync_mode=sync_mode,
+                erasure_ledger=erasure_ledger, argon2_profile=argon2_profile, cache_size=cache_size,
+            )  # fmt: skip
             self._closed, self._close_lock = False, threading.Lock()
             self._file = SharedFile(
-                path,
-                key,
-                embedder=resolved_embedder,
-                options=options,
-                create=create,
-                terms=Terms.of(ttl, sync_mode, erasure_ledger, ttl_mode, idle_ttl),
-                serve=serve,
-                adopt=adopted,
-                options_for=lambda mode: database_options(argon2_profile, mode, cache_size),  # type: ignore[arg-type]
-                ring=ring,
-            )
+                path, key, embedder=resolve_embedder(embedder), options=options, create=create,
+                serve=serve, adopt=adopted, ring=ring,
+            )  # fmt: skip
         except WrongPassphraseError as exc:  # told here, raised below: no frame of the layers under us
             wrong = exc.came_from(KEY_ARGUMENT)
         finally:
@@ -107,17 +100,17 @@ class FileStore:
     @property
     def ttl(self) -> float | None:
         """Seconds an item lives after it is written, or None (the owner's, when adopted)."""
-        return self._file.terms.ttl
+        return self._file.options.ttl
 
     @property
     def ttl_mode(self) -> str:
         """How the TTL counts: "item" or "session" (the owner's, when adopted)."""
-        return self._file.terms.ttl_mode
+        return self._file.options.ttl_mode
 
     @property
     def idle_ttl(self) -> float | None:
         """Seconds a session may go without a write before it is erased, or None (the owner's, when adopted)."""
-        return self._file.terms.idle_ttl
+        return self._file.options.idle_ttl
 
     @property
     def adopted(self) -> dict[str, Any]:

@@ -36,6 +36,8 @@ def authenticated_peer(db_path: Path, key: str, socket_key: SocketKey | None = N
                     "erasure_ledger": None,
                     "ttl_mode": "item",
                     "idle_ttl": None,
+                    "argon2_profile": None,
+                    "cache_size": 16384,
                 },
                 "identity": ["any", 1, "cosine"],
             },

@@ -39,12 +39,13 @@ from citadeldb_openai_agents import (
     StorageError,
     WrongPassphraseError,
 )
+from citadeldb_openai_agents.options import StoreOptions
 from citadeldb_openai_agents.serving import handover
 from citadeldb_openai_agents.serving.address import Secret, socket_path
 from citadeldb_openai_agents.serving.channel import Channel
 from citadeldb_openai_agents.serving.handover import Opening
 from citadeldb_openai_agents.serving.operations import Operation, nothing
-from citadeldb_openai_agents.serving.protocol import OwnerHello, Terms
+from citadeldb_openai_agents.serving.protocol import OwnerHello
 from citadeldb_openai_agents.storage.lockholder import find_lock_holder
 
 from conftest import KEY
@@ -738,19 +739,16 @@ def test_adopt_names_only_settings_fixed_per_file(db_path: Path) -> None:
 
 def test_a_takeover_opens_the_file_in_the_sync_mode_it_adopted() -> None:
     # Citadel applies the sync mode at each open and does not say which one it applied:
-    # what is checked is that the options a takeover opens with are built for the owner's mode.
-    built: list[str] = []
-
-    def options_for(mode: str) -> Any:
-        built.append(mode)
-        return f"options for {mode}"
-
+    # what is checked is that the options a takeover opens with (LocalFile makes Citadel's from
+    # them, storage.engine.database_options) are the owner's mode, and only what was adopted.
     opening = Opening(
-        "f.cdl", "/f.cdl", Secret(b"k"), citadeldb.MockEmbedder(dim=8), "own options", True,
-        Terms(None, "full"), frozenset({"sync_mode"}), options_for,
+        "f.cdl", "/f.cdl", Secret(b"k"), citadeldb.MockEmbedder(dim=8), StoreOptions(cache_size=99), True,
+        frozenset({"sync_mode"}),
     )  # fmt: skip
-    opening.adopt_from(OwnerHello(1, "/f.cdl", Terms(60.0, "off"), ("mock", 8, "cosine")))
-    assert (opening.options, built, opening.terms) == ("options for off", ["off"], Terms(None, "off"))
+    opening.adopt_from(
+        OwnerHello(1, "/f.cdl", StoreOptions(ttl=60.0, sync_mode="off"), ("mock", 8, "cosine"))
+    )
+    assert opening.options == StoreOptions(sync_mode="off", cache_size=99)
     assert opening.adopted == {"sync_mode": "off"}
 
 

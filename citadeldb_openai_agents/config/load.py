@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from dataclasses import fields
 from typing import Any
 
 from ..embedders.protocol import Embedder
@@ -24,7 +25,7 @@ from ..errors import (
 )
 from ..hints import closest
 from ..offline import reembed, restore_backup, verify_file
-from ..options import FIXED_PER_FILE
+from ..options import FIXED_PER_FILE, StoreOptions
 from ..results import IntegrityReport, Progress, ReembedSummary, RestoreReport
 from ..session import CitadelSessionStore
 from ..storage.files import resolve_path
@@ -224,21 +225,16 @@ def open_store(
             settings.path,
             settings.key.get_secret_value(),
             embedder=embedder,
-            ttl=settings.ttl,
             session_settings=None if limit is None else _session_settings(limit),
-            argon2_profile=settings.argon2_profile,
-            sync_mode=settings.sync_mode,
-            cache_size=settings.cache_size,
             create=settings.create and not existing_only,
             serve=settings.serve,
             adopt=left_to_the_owner(settings),
             shards=settings.shards,
             shard=settings.shard,
-            erasure_ledger=settings.erasure_ledger,
             ring_file=settings.ring_file,
             max_items=settings.max_items,
-            ttl_mode=settings.ttl_mode,
-            idle_ttl=settings.idle_ttl,
+            # Every field of the store's options value, by its name in the settings.
+            **{option.name: getattr(settings, option.name) for option in fields(StoreOptions)},
         )
     except WrongPassphraseError as exc:
         wrong = _told_for(settings, exc)  # raised outside the handler: no frame of the store's below

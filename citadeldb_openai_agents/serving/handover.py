@@ -12,25 +12,21 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..embedders.protocol import Embedder, EmbedderIdentity
 from ..errors import DatabaseLockedError, ForkedStoreError
+from ..options import StoreOptions
 from ..storage.local_file import LocalFile
 from ..storage.lockholder import shorten_command
 from ..storage.process_state import current_pid, gone
-from ..storage.records import FileRetention
 from . import refusals, served_files
 from .address import Secret, socket_path
 from .client import RemoteOwner
 from .modes import Mode, ServeToOthers
-from .protocol import ClientHello, OwnerHello, Terms, disagreements, wire_identity
+from .protocol import ClientHello, OwnerHello, disagreements, wire_identity
 from .transport import LocalTransport, OwnerGone, Transport
-
-if TYPE_CHECKING:
-    import citadeldb
 
 # How long a client waits for an owner: one starting up (it holds the lock before it
 # serves), or a new one after the old one died. Past it, the file is held by a process
@@ -50,13 +46,11 @@ class Opening:
     resolved: str
     passphrase: Secret
     embedder: Embedder
-    options: citadeldb.DatabaseOptions
+    options: StoreOptions  # the store's, with what it adopted from an owner
     create: bool
-    terms: Terms
     # The settings fixed per file (options.FIXED_PER_FILE) this store takes from the owner
-    # it is a client of, with the values taken; and the options for an adopted sync mode.
+    # it is a client of, with the values taken.
     adopt: frozenset[str] = frozenset()
-    options_for: Callable[[str], citadeldb.DatabaseOptions] | None = None
     adopted: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -64,13 +58,9 @@ class Opening:
         adopted: EmbedderIdentity | None = self.adopted.get("embedder")
         return EmbedderIdentity.of(self.embedder) if adopted is None else adopted
 
-    def retention(self) -> FileRetention:
-        """How long the file's sessions live, as this store serves it (its terms)."""
-        return FileRetention(self.terms.ttl, self.terms.ttl_mode, self.terms.idle_ttl)
-
     def hello(self) -> ClientHello:
         program = shorten_command(list(getattr(sys, "orig_argv", sys.argv)) or ["python"])
-        return ClientHello(current_pid(), program, self.terms, wire_identity(self.identity))
+        return ClientHello(current_pid(), program, self.options, wire_identity(self.identity))
 
     def adopt_from(self, owner: OwnerHello) -> None:
         """Take the owner's value of each setting this store adopts.
@@ -78,33 +68,15 @@ class Opening:
         Kept after the owner goes: a takeover serves the file as it was served (its TTL and
         retention, its sync mode), not with values this process was never given.
         """
-        if "ttl" in self.adopt:
-            self.adopted["ttl"] = owner.terms.ttl
-        # Listed in `adopted` only when the owner sets them, as the ledger.
-        mode = owner.terms.ttl_mode if "ttl_mode" in self.adopt else self.terms.ttl_mode
-        idle = owner.terms.idle_ttl if "idle_ttl" in self.adopt else self.terms.idle_ttl
-        if "ttl_mode" in self.adopt and mode != "item":
-            self.adopted["ttl_mode"] = mode
-        if "idle_ttl" in self.adopt and idle is not None:
-            self.adopted["idle_ttl"] = idle
-        if "sync_mode" in self.adopt:
-            self.adopted["sync_mode"] = owner.terms.sync_mode
-            if self.options_for is not None and owner.terms.sync_mode != self.terms.sync_mode:
-                self.options = self.options_for(owner.terms.sync_mode)
+        taken = self.adopt - {"embedder"}
+        for name in taken:
+            value = getattr(owner.terms, name)
+            # Listed when the owner sets it (as the ledger); its TTL and sync mode always.
+            if name in ("ttl", "sync_mode") or value != getattr(StoreOptions(), name):
+                self.adopted[name] = value
         if "embedder" in self.adopt:
             self.adopted["embedder"] = EmbedderIdentity(*owner.identity)
-        ledger = self.terms.erasure_ledger
-        if "erasure_ledger" in self.adopt:
-            ledger = owner.terms.erasure_ledger  # listed only when the owner keeps one
-            if ledger is not None:
-                self.adopted["erasure_ledger"] = ledger
-        self.terms = Terms(
-            self.adopted.get("ttl", self.terms.ttl),
-            self.adopted.get("sync_mode", self.terms.sync_mode),
-            ledger,
-            mode,
-            idle,
-        )
+        self.options = self.options.taking(owner.terms, taken)
 
 
 def attach(opening: Opening, mode: Mode, deadline: float) -> Transport:
@@ -121,8 +93,6 @@ def attach(opening: Opening, mode: Mode, deadline: float) -> Transport:
                     embedder=opening.embedder,
                     options=opening.options,
                     create=opening.create,
-                    ledger=opening.terms.erasure_ledger,
-                    retention=opening.retention(),
                 )
             except DatabaseLockedError as exc:
                 locked = exc
@@ -171,7 +141,7 @@ def _still_waiting(
 
 def _owned(opening: Opening, mode: Mode, local: LocalFile) -> LocalTransport:
     try:
-        mode.owned(opening.resolved, local, opening.terms)
+        mode.owned(opening.resolved, local, opening.options)
     except BaseException:
         local.release()  # else this process would hold the file and serve no one
         raise

@@ -13,11 +13,11 @@ import os
 from typing import Protocol
 
 from ..errors import DatabaseLockedError
+from ..options import StoreOptions
 from ..storage.local_file import LocalFile
 from ..storage.process_state import current_pid
 from . import refusals, served_files
 from .address import SocketKey
-from .protocol import Terms
 
 
 class Mode(Protocol):
@@ -28,7 +28,7 @@ class Mode(Protocol):
     def opening(self, path: str) -> contextlib.AbstractContextManager[None]:
         """Held while this process opens the file (it may hold the lock and serve no one yet)."""
 
-    def owned(self, path: str, local: LocalFile, terms: Terms) -> None:
+    def owned(self, path: str, local: LocalFile, terms: StoreOptions) -> None:
         """This process now owns the file, under `terms` (told to its clients)."""
 
     def released(self, path: str) -> None:
@@ -49,7 +49,7 @@ class ServeToOthers:
     def opening(self, path: str) -> contextlib.AbstractContextManager[None]:
         return served_files.opening(path)
 
-    def owned(self, path: str, local: LocalFile, terms: Terms) -> None:
+    def owned(self, path: str, local: LocalFile, terms: StoreOptions) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(exclusive_mark(path))  # a killed serve = false owner's
         served_files.start_serving(path, local, self.key, terms)
@@ -70,7 +70,7 @@ class KeepToSelf:
     def opening(self, path: str) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
 
-    def owned(self, path: str, local: LocalFile, terms: Terms) -> None:
+    def owned(self, path: str, local: LocalFile, terms: StoreOptions) -> None:
         with open(exclusive_mark(path), "w", encoding="utf-8") as mark:
             mark.write(str(current_pid()))
 

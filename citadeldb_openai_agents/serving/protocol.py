@@ -18,9 +18,8 @@ and the few fields it carries; any other exception crosses as a `StorageError` t
 
 from __future__ import annotations
 
-import os
 from collections.abc import Collection
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from ..embedders.protocol import EmbedderIdentity
@@ -33,14 +32,7 @@ from ..errors import (
     ForkedStoreError,
     StorageError,
 )
-from ..options import (
-    DEFAULT_SYNC_MODE,
-    check_idle_ttl,
-    check_sync_mode,
-    check_ttl,
-    check_ttl_mode,
-    format_duration,
-)
+from ..options import StoreOptions, format_duration
 from ..results import LockHolder
 from .operations import ProtocolError, flag, optional, pair, record, text, whole
 
@@ -53,50 +45,12 @@ def wire_identity(embedder: EmbedderIdentity) -> tuple[str, int, str]:
 
 
 @dataclass(frozen=True)
-class Terms:
-    """A store's settings that every process on one file must share, besides its embedder.
-
-    The owner's apply to every call it serves: the TTL of what it writes, and the sync
-    mode, which Citadel applies at each open (not once per file), so a client's would
-    otherwise be silently replaced by the owner's, and by the next owner's after a handover.
-    """
-
-    ttl: float | None
-    sync_mode: str
-    # The erasure ledger's absolute path: a client whose erasures the owner records in no
-    # ledger, or in another one, would find them back after a restore.
-    erasure_ledger: str | None = None
-    # How long sessions live (storage/retention.py): the owner ends every session by its own.
-    ttl_mode: str = "item"
-    idle_ttl: float | None = None
-
-    @classmethod
-    def of(
-        cls,
-        ttl: Any,
-        sync_mode: Any,
-        erasure_ledger: str | os.PathLike[str] | None,
-        ttl_mode: Any,
-        idle_ttl: Any,
-    ) -> Terms:
-        """A store's terms from its arguments, each checked (`ValueError` naming the argument)."""
-        ledger = None if erasure_ledger is None else os.path.abspath(os.path.expanduser(erasure_ledger))
-        return cls(
-            check_ttl(ttl),
-            check_sync_mode(sync_mode) or DEFAULT_SYNC_MODE,
-            ledger,
-            check_ttl_mode(ttl_mode) or "item",
-            check_idle_ttl(idle_ttl),
-        )
-
-
-@dataclass(frozen=True)
 class ClientHello:
     """Who is asking, and the settings fixed per file that must agree with the owner's."""
 
     pid: int
     program: str
-    terms: Terms
+    terms: StoreOptions  # the settings fixed per file are compared; the others are told
     identity: tuple[str, int, str]  # the embedder: model id, dimension, metric
 
 
@@ -106,27 +60,23 @@ class OwnerHello:
 
     pid: int
     path: str
-    terms: Terms
+    terms: StoreOptions  # the settings fixed per file are compared; the others are told
     identity: tuple[str, int, str]
 
 
-def _seconds(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ProtocolError(f"expected a number of seconds, got {type(value).__name__}")
-    return float(value)
+def _terms(value: Any) -> StoreOptions:
+    """A store's options from the wire, each checked as the store checks its own arguments."""
+    if not isinstance(value, dict) or set(value) != {option.name for option in fields(StoreOptions)}:
+        raise ProtocolError("expected a store's options")
+    try:
+        return StoreOptions.of(**value)
+    except ValueError as exc:
+        raise ProtocolError(str(exc)) from None
 
 
-_TERMS = record(
-    Terms,
-    ttl=optional(_seconds),
-    sync_mode=text,
-    erasure_ledger=optional(text),
-    ttl_mode=text,
-    idle_ttl=optional(_seconds),
-)
 _IDENTITY = pair(text, whole, text)
-CLIENT_HELLO = record(ClientHello, pid=whole, program=text, terms=_TERMS, identity=_IDENTITY)
-OWNER_HELLO = record(OwnerHello, pid=whole, path=text, terms=_TERMS, identity=_IDENTITY)
+CLIENT_HELLO = record(ClientHello, pid=whole, program=text, terms=_terms, identity=_IDENTITY)
+OWNER_HELLO = record(OwnerHello, pid=whole, path=text, terms=_terms, identity=_IDENTITY)
 
 
 def hello_to_wire(hello: ClientHello | OwnerHello) -> dict[str, Any]:
@@ -139,44 +89,23 @@ def disagreements(owner: OwnerHello, mine: ClientHello, adopted: Collection[str]
     A setting in `adopted` is the owner's to decide: it never disagrees.
     """
     problems = []
-    if "ttl" not in adopted and owner.terms.ttl != mine.terms.ttl:
-        problems.append(
-            f"ttl: this process has {_ttl(mine.terms.ttl)}, the owner has {_ttl(owner.terms.ttl)}"
-        )
     if "embedder" not in adopted and tuple(owner.identity) != tuple(mine.identity):
         problems.append(
             f"embedder: this process has {_identity(mine.identity)}, the owner has {_identity(owner.identity)}"
         )
-    if "sync_mode" not in adopted and owner.terms.sync_mode != mine.terms.sync_mode:
-        problems.append(
-            f"sync_mode: this process has {mine.terms.sync_mode!r}, the owner has {owner.terms.sync_mode!r}"
-        )
-    if "ttl_mode" not in adopted and owner.terms.ttl_mode != mine.terms.ttl_mode:
-        problems.append(
-            f"ttl_mode: this process has {mine.terms.ttl_mode!r}, the owner has {owner.terms.ttl_mode!r}"
-        )
-    if "idle_ttl" not in adopted and owner.terms.idle_ttl != mine.terms.idle_ttl:
-        problems.append(
-            f"idle_ttl: this process has {_idle(mine.terms.idle_ttl)}, the owner has {_idle(owner.terms.idle_ttl)}"
-        )
-    if "erasure_ledger" not in adopted and owner.terms.erasure_ledger != mine.terms.erasure_ledger:
-        problems.append(
-            f"erasure_ledger: this process has {_ledger(mine.terms.erasure_ledger)}, "
-            f"the owner has {_ledger(owner.terms.erasure_ledger)}"
-        )
+    theirs = owner.terms.shared()
+    for name, value in mine.terms.shared().items():
+        if name not in adopted and value != theirs[name]:
+            told = _TOLD.get(name, repr)
+            problems.append(f"{name}: this process has {told(value)}, the owner has {told(theirs[name])}")
     return problems
 
 
-def _ledger(path: str | None) -> str:
-    return "none" if path is None else repr(path)
-
-
-def _idle(idle: float | None) -> str:
-    return "none (never for idleness)" if idle is None else format_duration(idle)
-
-
-def _ttl(ttl: float | None) -> str:
-    return "no ttl (keep forever)" if ttl is None else f"ttl {format_duration(ttl)}"
+_TOLD: dict[str, Any] = {
+    "ttl": lambda ttl: "no ttl (keep forever)" if ttl is None else f"ttl {format_duration(ttl)}",
+    "idle_ttl": lambda idle: "none (never for idleness)" if idle is None else format_duration(idle),
+    "erasure_ledger": lambda path: "none" if path is None else repr(path),
+}
 
 
 def _identity(identity: tuple[str, int, str]) -> str:

@@ -11,10 +11,10 @@ import os
 import threading
 from collections.abc import Iterator
 
+from ..options import StoreOptions
 from ..storage.local_file import LocalFile
 from ..storage.process_state import HOSTING, at_fork, current_pid, gone
 from .address import SocketKey, opening_marker, socket_path
-from .protocol import Terms
 from .server import Server
 
 _served: dict[str, tuple[Server, int]] = {}  # resolved path -> (server, stores using it)
@@ -62,7 +62,7 @@ def is_opening(path: str, pid: int) -> bool:
     return os.path.exists(opening_marker(path, pid)) and not gone(pid)
 
 
-def start_serving(path: str, local: LocalFile, key: SocketKey, terms: Terms) -> None:
+def start_serving(path: str, local: LocalFile, key: SocketKey, terms: StoreOptions) -> None:
     with _lock:
         server, users = _served.get(path, (None, 0))
         if server is None:
@@ -82,7 +82,7 @@ def stop_serving(path: str) -> None:
     server.close()
 
 
-def restart_serving(path: str, local: LocalFile, key: SocketKey, terms: Terms) -> None:
+def restart_serving(path: str, local: LocalFile, key: SocketKey, terms: StoreOptions) -> None:
     """Serve again under a new key (after a passphrase change)."""
     with _lock:
         if path not in _served:

@@ -21,6 +21,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from ..options import StoreOptions
 from ..storage.files import umask
 from ..storage.local_file import LocalFile
 from ..storage.process_state import SERVERS, at_fork, current_pid
@@ -34,7 +35,6 @@ from .protocol import (
     HEARTBEAT_SECONDS,
     ClientHello,
     OwnerHello,
-    Terms,
     error_to_wire,
     hello_to_wire,
     wire_identity,
@@ -54,7 +54,7 @@ _servers: weakref.WeakSet[Server] = weakref.WeakSet()  # this process's, for `_a
 class Server:
     """Serves one `LocalFile` on `address` to whoever proves it knows the passphrase."""
 
-    def __init__(self, file: LocalFile, address: str, key: SocketKey, *, terms: Terms) -> None:
+    def __init__(self, file: LocalFile, address: str, key: SocketKey, *, terms: StoreOptions) -> None:
         self._file = file
         self.address = address
         self._key = key

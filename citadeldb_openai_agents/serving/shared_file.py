@@ -24,11 +24,11 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..embedders.protocol import Embedder, EmbedderIdentity
 from ..errors import SessionClosedError, StorageError
+from ..options import StoreOptions
 from ..results import Erasure, IntegrityReport, Progress, PurgeReport
 from ..shards import Ring, RingFile
 from ..storage.codec import Batch
@@ -42,11 +42,10 @@ from .address import Secret, SocketKey
 from .handover import HANDOVER_SECONDS, Opening, attach
 from .modes import KeepToSelf, Mode, ServeToOthers
 from .operations import Operation
-from .protocol import Terms
 from .transport import LocalTransport, OwnerGone, Transport
 
 if TYPE_CHECKING:
-    import citadeldb
+    pass
 
 T = TypeVar("T")
 
@@ -60,20 +59,16 @@ class SharedFile:
         key: str,
         *,
         embedder: Embedder,
-        options: citadeldb.DatabaseOptions,
+        options: StoreOptions,
         create: bool,
-        terms: Terms,
         serve: bool,
         adopt: frozenset[str] = frozenset(),
-        options_for: Callable[[str], citadeldb.DatabaseOptions] | None = None,
         ring: Ring | RingFile | None = None,
     ) -> None:
         passphrase = Secret(key.encode("utf-8", "surrogatepass"))
         del key  # error trackers record a failed frame's locals
         resolved = resolve_path(path)
-        self._opening = Opening(
-            path, resolved, passphrase, embedder, options, create, terms, adopt, options_for
-        )
+        self._opening = Opening(path, resolved, passphrase, embedder, options, create, adopt)
         self._socket_key = SocketKey(passphrase, resolved)
         self._mode: Mode = ServeToOthers(self._socket_key) if serve else KeepToSelf()
         self._lock = threading.Lock()
@@ -98,9 +93,9 @@ class SharedFile:
         return self._opening.identity if local is None else local.identity
 
     @property
-    def terms(self) -> Terms:
-        """The TTL and sync mode this store writes with: its own, or those adopted from the owner."""
-        return self._opening.terms
+    def options(self) -> StoreOptions:
+        """The options this store writes with: its own, with those it adopted from the owner."""
+        return self._opening.options
 
     @property
     def adopted(self) -> dict[str, Any]:
@@ -277,7 +272,7 @@ class SharedFile:
             self._socket_key.forget()  # derived anew from the new passphrase when next needed
             if isinstance(self._mode, ServeToOthers):
                 served_files.restart_serving(
-                    self.path, transport.local, self._socket_key, self._opening.terms
+                    self.path, transport.local, self._socket_key, self._opening.options
                 )
         finally:
             keys.clear()

@@ -35,7 +35,7 @@ from ..errors import (
     SessionClosedError,
     WrongPassphraseError,
 )
-from ..options import Argon2Profile, SyncMode, check_argon2_profile, check_cache_size, check_sync_mode
+from ..options import StoreOptions
 from . import inventory
 from .codec import ITEM_KIND
 from .files import COMPANION_SUFFIXES, locked_by_this_process, opening, private_files
@@ -59,14 +59,10 @@ FORK_ADVICE = (
 )
 
 
-def database_options(
-    argon2_profile: Argon2Profile | None, sync_mode: SyncMode | None, cache_size: int | None
-) -> citadeldb.DatabaseOptions:
+def database_options(options: StoreOptions) -> citadeldb.DatabaseOptions:
     """Citadel's options for opening (the profile applies to a new file only, the sync mode to this open)."""
     return citadeldb.DatabaseOptions(
-        argon2_profile=check_argon2_profile(argon2_profile),
-        sync_mode=check_sync_mode(sync_mode),
-        cache_size=check_cache_size(cache_size),
+        argon2_profile=options.argon2_profile, sync_mode=options.sync_mode, cache_size=options.cache_size
     )
 
 

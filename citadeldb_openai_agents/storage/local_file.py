@@ -31,6 +31,7 @@ from ..errors import (
     LedgerError,
     WrongPassphraseError,
 )
+from ..options import StoreOptions
 from ..results import EndedSession, IntegrityReport, Progress, PurgeReport, ReembedSummary, SessionIntegrity
 from . import reads, registry, retention, suffix, writes
 from .audit import ATOM_KEYS, check_before_memory
@@ -57,10 +58,9 @@ class LocalFile:
         path: The database file; a relative path resolves against the working directory.
         key: The passphrase, forgotten once the file is open.
         embedder: The embedder the file's vectors are bound to.
-        options: ``argon2_profile``, ``sync_mode`` and ``cache_size`` (options.py).
+        options: The store's options (options.py): Citadel's open options are made from it, and
+            the erasure ledger (ledger.py) and how long sessions live (retention.py) read it.
         create: False refuses to create a missing file (`DatabaseNotFoundError`).
-        ledger: The erasure ledger's path (ledger.py), or None.
-        retention: How long sessions live (retention.py): the TTL mode and idle time.
     """
 
     def __init__(
@@ -69,23 +69,24 @@ class LocalFile:
         key: str,
         *,
         embedder: Embedder,
-        options: citadeldb.DatabaseOptions,
+        options: StoreOptions,
         create: bool,
         refusal: str = "create=False forbids creating one",
         fix: str = ", or pass create=True to start a new, empty database",
-        ledger: str | None = None,
-        retention: FileRetention | None = None,
     ) -> None:
         new = not os.path.exists(resolve_path(path))
         try:
-            self._database = _acquire(path, key, options, create=create, refusal=refusal, fix=fix)
+            self._database = _acquire(
+                path, key, database_options(options), create=create, refusal=refusal, fix=fix
+            )
         finally:
             del key  # error trackers record a failed frame's locals
         try:
             # Citadel makes two companions of a new file at its first region and atom, which the
             # layout writes: made 0600 like the file (files.private_files).
             with private_files() if new else contextlib.nullcontext():
-                self._layout = _shared_layout(self._database, embedder, ledger, retention or FileRetention())
+                kept = FileRetention(options.ttl, options.ttl_mode, options.idle_ttl)
+                self._layout = _shared_layout(self._database, embedder, options.erasure_ledger, kept)
         except BaseException:
             registry.release(self._database)
             raise

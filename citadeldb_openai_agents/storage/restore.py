@@ -6,8 +6,6 @@ import os
 import shutil
 from contextlib import suppress
 
-import citadeldb
-
 from ..embedders.protocol import Embedder
 from ..errors import (
     BackupExistsError,
@@ -16,6 +14,7 @@ from ..errors import (
     DatabaseNotFoundError,
     WrongPassphraseError,
 )
+from ..options import StoreOptions
 from ..results import RestoreReport
 from .files import COMPANION_SUFFIXES, database_files, resolve_path
 from .local_file import LocalFile
@@ -29,7 +28,7 @@ def restore(
     *,
     ledger: str | None,
     embedder: Embedder,
-    options: citadeldb.DatabaseOptions,
+    options: StoreOptions,
     replace: bool,
 ) -> RestoreReport:
     """Copy `backup` beside `path`, erase there what `ledger` names, verify it, then move it in.
@@ -74,7 +73,7 @@ def restore(
 
 
 def _open_staged(
-    staged: str, key: str, source: str, target: str, embedder: Embedder, options: citadeldb.DatabaseOptions
+    staged: str, key: str, source: str, target: str, embedder: Embedder, options: StoreOptions
 ) -> LocalFile:
     """The backup's copy, opened; a passphrase it refuses is told as the backup's, not the copy's."""
     try:
