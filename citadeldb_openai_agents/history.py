@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from . import turns
 from .compaction import compaction_snapshot, replace_all
 from .errors import BranchError
+from .options import SessionOptions
 from .results import Erasure, HistoryHit
 from .storage.codec import decode_item, decode_items, encode_batch, placed_hits
-from .storage.records import MAIN, Retention
+from .storage.records import MAIN
 from .storage.segments import SessionKey, key_of
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ class History:
     """The history of session `session_id` in `file`, written with the session's own `retention`
     (its TTL mode and idle time, None: the file's), on its current `branch`."""
 
-    def __init__(self, file: SharedFile, session_id: str, retention: Retention | None) -> None:
+    def __init__(self, file: SharedFile, session_id: str, retention: SessionOptions | None) -> None:
         self._file, self.session_id, self.retention = file, session_id, retention
         self.branch = MAIN
 
@@ -44,12 +45,8 @@ class History:
         return key_of(self.session_id, self.branch if branch is None else branch)
 
     def expires_at(self) -> int | None:
-        """When an item written now expires (µs since the epoch), or None: never, or not on its
-        own (in session mode the whole session expires, storage/retention.py)."""
-        options, own = self._file.options, self.retention
-        mode = options.ttl_mode if own is None or own.ttl_mode is None else own.ttl_mode
-        ttl = options.ttl
-        return None if ttl is None or mode == "session" else int((time.time() + ttl) * 1_000_000)
+        """When an item written now expires (µs since the epoch), or None (`StoreOptions.item_expiry`)."""
+        return self._file.options.for_session(self.retention).item_expiry(time.time())
 
     def get_items(self, limit: int | None, branch: str | None = None) -> list[Any]:
         """Every item (`limit` None or negative) or the newest `limit`, oldest first."""

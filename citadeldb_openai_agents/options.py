@@ -219,7 +219,89 @@ class StoreOptions:
         """These options with the owner's value of each setting fixed per file in `names`."""
         return replace(self, **{name: getattr(owner, name) for name in names if name != "embedder"})
 
+    def for_session(self, own: SessionOptions | None) -> StoreOptions:
+        """The options a session lives by: these, with each of its own that it sets."""
+        if own is None:
+            return self
+        return replace(self, **{name: value for name, value in vars(own).items() if value is not None})
 
+    def item_expiry(self, now: float) -> int | None:
+        """When an item written at `now` (seconds) expires (µs since the epoch), or None: never, or
+        not on its own (counted per session, the whole session expires: storage/retention.py)."""
+        if self.ttl is None or self.ttl_mode == "session":
+            return None
+        return int((now + self.ttl) * 1_000_000)
+
+    def session_limit(self) -> tuple[float, str] | None:
+        """Seconds a session lives after its last write, and the setting that ends it then ("ttl"
+        counted per session, or "idle_ttl"); None: no rule ends a whole session."""
+        limits = (
+            [(self.idle_ttl, "idle_ttl")] if self.idle_ttl is not None and self.idle_ttl < math.inf else []
+        )
+        if self.ttl_mode == "session" and self.ttl is not None:
+            limits.append((self.ttl, "ttl"))
+        return min(limits) if limits else None
+
+    def session_rules(self) -> tuple[str, float | None, float | None]:
+        """What decides when a whole session ends (the TTL only counts per session in that mode)."""
+        return (self.ttl_mode, self.idle_ttl, self.ttl if self.ttl_mode == "session" else None)
+
+    def describe_rules(self) -> str:
+        ttl = "" if self.ttl_mode != "session" else f", ttl {self.ttl}s"
+        idle = "no idle_ttl" if self.idle_ttl is None else f"idle_ttl {self.idle_ttl}s"
+        return f"ttl_mode {self.ttl_mode!r}{ttl} and {idle}"
+
+    @staticmethod
+    def told(name: str, value: Any) -> str:
+        """A setting's value as a message tells it."""
+        if name == "ttl":
+            return "no ttl (keep forever)" if value is None else f"ttl {format_duration(value)}"
+        if name == "idle_ttl":
+            return "none (never for idleness)" if value is None else format_duration(value)
+        if name == "erasure_ledger":
+            return "none" if value is None else repr(value)
+        return repr(value)
+
+
+NEVER = -1  # a session's idle time of math.inf as its record and the wire hold it (JSON has no infinity)
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """A session's own options, in place of its store's: a field left None follows the store's
+    (`StoreOptions.for_session`). The idle time may be ``math.inf``: never ended for idleness.
+    Kept in the session's catalog record by the write that brings them, so every process (and
+    a purge) ends the session by them."""
+
+    ttl_mode: TtlMode | None = None
+    idle_ttl: float | None = None
+
+    @classmethod
+    def of(cls, **given: Any) -> SessionOptions:
+        """A session's options from keyword arguments, each checked (`ValueError` naming it)."""
+        return cls(**{name: _SESSION_CHECKS[name](value) for name, value in given.items()})
+
+    def to_payload(self) -> dict[str, Any]:
+        """As the record and the wire hold it: JSON data (`math.inf` as `NEVER`)."""
+        return {name: NEVER if value == math.inf else value for name, value in vars(self).items()}
+
+    @classmethod
+    def from_payload(cls, payload: Any) -> SessionOptions:
+        """From `to_payload`'s form, each value checked (`ValueError` for anything else)."""
+        names = {option.name for option in fields(cls)}
+        if not isinstance(payload, dict) or not set(payload) <= names:
+            raise ValueError(f"a session's options hold only {', '.join(sorted(names))}")
+        never = {
+            name: math.inf if value == NEVER and not isinstance(value, bool) else value
+            for name, value in payload.items()
+        }
+        return cls.of(**never)
+
+
+_SESSION_CHECKS: dict[str, Callable[[Any], Any]] = {
+    "ttl_mode": check_ttl_mode,
+    "idle_ttl": lambda seconds: check_idle_ttl(seconds, never=True),
+}
 _CHECKS: dict[str, Callable[[Any], Any]] = {
     "ttl": check_ttl,
     "sync_mode": check_sync_mode,

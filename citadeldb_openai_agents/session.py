@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import BranchError, CitadelSessionError, ForkedStoreError, SessionClosedError
 from .history import complete_despite_cancellation
-from .options import TtlMode, check_idle_ttl, check_max_items, check_ttl_mode
+from .options import SessionOptions, TtlMode, check_max_items
 from .results import Erasure, HistoryHit
-from .storage.records import Retention
 from .store import FileStore
 
 if TYPE_CHECKING:
@@ -76,7 +75,7 @@ class CitadelSession:
     ) -> None:
         try:
             self._max_items = check_max_items(max_items)
-            own = Retention(check_ttl_mode(ttl_mode), check_idle_ttl(idle_ttl, never=True))
+            own = SessionOptions.of(ttl_mode=ttl_mode, idle_ttl=idle_ttl)
             if not isinstance(session_id, str):
                 raise TypeError(f"session_id must be a str, not {type(session_id).__name__}")
             if store is not None:
@@ -106,7 +105,7 @@ class CitadelSession:
         self.session_id = session_id
         self._session_settings = session_settings
         self._store = store
-        self._history = store._history(session_id, None if own == Retention() else own)
+        self._history = store._history(session_id, None if own == SessionOptions() else own)
         self._closed = False
         self.on_run_context = on_run_context
 

@@ -16,7 +16,7 @@ from .embedders.protocol import EmbedderIdentity
 from .embedders.providers import resolve_embedder
 from .errors import KEY_ARGUMENT, SessionClosedError, SessionNotFoundError, WrongPassphraseError
 from .history import History
-from .options import Argon2Profile, StoreOptions, SyncMode, TtlMode
+from .options import Argon2Profile, SessionOptions, StoreOptions, SyncMode, TtlMode
 from .results import (
     Erasure,
     IntegrityReport,
@@ -29,7 +29,7 @@ from .results import (
 from .serving.shared_file import SharedFile
 from .shards import Ring, RingFile
 from .storage.codec import decode_item, decode_items, encode_batch
-from .storage.records import MAIN, Retention
+from .storage.records import MAIN
 from .storage.segments import key_of
 from .transfer.chunks import IMPORT_MODES, ImportMode, import_chunks
 from .transfer.moves import move_sessions
@@ -394,6 +394,6 @@ class FileStore:
                 f"this CitadelSessionStore ({self.path}) is closed; open a new one to continue."
             )
 
-    def _history(self, session_id: str, retention: Retention | None) -> History:
+    def _history(self, session_id: str, retention: SessionOptions | None) -> History:
         """What a `CitadelSession` of `session_id` runs its methods on (history.py)."""
         return History(self._file, session_id, retention)

@@ -13,18 +13,17 @@ on arrival (`Shape`), so a frame can only ever become the plain values listed he
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Generic, TypeVar
 
-from ..options import TTL_MODES
+from ..options import SessionOptions
 from ..results import EndedSession, Erasure, IntegrityReport, PageLayout, PurgeReport, SessionIntegrity
 from ..storage import branches, reads, suffix, writes
 from ..storage import usage as usage_store
 from ..storage.codec import Batch
 from ..storage.local_file import LocalFile
-from ..storage.records import MAIN, NEVER, Retention
+from ..storage.records import MAIN
 from ..storage.segments import SessionKey
 
 T = TypeVar("T")
@@ -189,22 +188,14 @@ class Operation(Generic[T]):
         return tuple(shape(value) for shape, value in zip(self.params, values, strict=True))
 
 
-def _idle_seconds(value: Any) -> float:
-    """A session's own idle_ttl on the wire: positive seconds, or `NEVER` (math.inf)."""
-    if value == NEVER and not isinstance(value, bool):
-        return math.inf
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise ProtocolError("expected a positive number of seconds")
-    return float(value)
+def _session_options(value: Any) -> SessionOptions:
+    """A session's own options, each checked as `CitadelSession` checks its arguments."""
+    try:
+        return SessionOptions.from_payload(value)
+    except ValueError as exc:
+        raise ProtocolError(str(exc)) from None
 
 
-def _mode(value: Any) -> str:
-    if value not in TTL_MODES:
-        raise ProtocolError(f"expected a TTL mode, got {value!r}")
-    return str(value)
-
-
-_RETENTION = record(Retention, ttl_mode=optional(_mode), idle_ttl=optional(_idle_seconds))
 _BATCH = record(
     Batch,
     payloads=many(text),
@@ -212,7 +203,7 @@ _BATCH = record(
     from_user=many(flag),
     expires_at=optional(whole),
     max_items=optional(whole),
-    retention=optional(_RETENTION),
+    retention=optional(_session_options),
 )
 
 
@@ -276,7 +267,7 @@ def wire_argument(value: Any) -> Any:
         return value
     wired = asdict(value)
     if value.retention is not None:
-        wired["retention"] = value.retention.to_payload()  # math.inf as NEVER
+        wired["retention"] = value.retention.to_payload()  # math.inf as options.NEVER
     return wired
 
 

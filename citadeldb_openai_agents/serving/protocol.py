@@ -32,7 +32,7 @@ from ..errors import (
     ForkedStoreError,
     StorageError,
 )
-from ..options import StoreOptions, format_duration
+from ..options import StoreOptions
 from ..results import LockHolder
 from .operations import ProtocolError, flag, optional, pair, record, text, whole
 
@@ -96,16 +96,9 @@ def disagreements(owner: OwnerHello, mine: ClientHello, adopted: Collection[str]
     theirs = owner.terms.shared()
     for name, value in mine.terms.shared().items():
         if name not in adopted and value != theirs[name]:
-            told = _TOLD.get(name, repr)
-            problems.append(f"{name}: this process has {told(value)}, the owner has {told(theirs[name])}")
+            mine_told, theirs_told = StoreOptions.told(name, value), StoreOptions.told(name, theirs[name])
+            problems.append(f"{name}: this process has {mine_told}, the owner has {theirs_told}")
     return problems
-
-
-_TOLD: dict[str, Any] = {
-    "ttl": lambda ttl: "no ttl (keep forever)" if ttl is None else f"ttl {format_duration(ttl)}",
-    "idle_ttl": lambda idle: "none (never for idleness)" if idle is None else format_duration(idle),
-    "erasure_ledger": lambda path: "none" if path is None else repr(path),
-}
 
 
 def _identity(identity: tuple[str, int, str]) -> str:

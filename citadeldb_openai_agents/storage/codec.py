@@ -14,8 +14,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import InvalidItemError
+from ..options import SessionOptions
 from ..results import HistoryHit
-from .records import MAIN, Retention
+from .records import MAIN
 
 ITEM_KIND = "item"
 # A write marker: the id of a batch another process sent, stored with the batch (writes.py).
@@ -67,7 +68,7 @@ class Batch:
     from_user: list[bool]
     expires_at: int | None = None
     max_items: int | None = None
-    retention: Retention | None = None
+    retention: SessionOptions | None = None
 
     def __post_init__(self) -> None:
         if not len(self.payloads) == len(self.texts) == len(self.from_user):
@@ -87,7 +88,7 @@ def encode_batch(
     items: list[Any],
     expires_at: int | None = None,
     max_items: int | None = None,
-    retention: Retention | None = None,
+    retention: SessionOptions | None = None,
 ) -> Batch:
     """Items as the file stores them (`InvalidItemError` naming the first that is not JSON)."""
     payloads = [encode_item(item, position) for position, item in enumerate(items)]

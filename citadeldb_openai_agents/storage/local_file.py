@@ -40,7 +40,6 @@ from .engine import OpenDatabase, database_options
 from .files import copy_watched, database_files, make_private, page_layout, private_files, resolve_path
 from .inspection import integrity_report
 from .ledger import LedgerEntry
-from .records import FileRetention
 from .reembed import reembed_file
 from .search_upkeep import store_all_pending
 from .segment_cache import SessionState
@@ -85,8 +84,7 @@ class LocalFile:
             # Citadel makes two companions of a new file at its first region and atom, which the
             # layout writes: made 0600 like the file (files.private_files).
             with private_files() if new else contextlib.nullcontext():
-                kept = FileRetention(options.ttl, options.ttl_mode, options.idle_ttl)
-                self._layout = _shared_layout(self._database, embedder, options.erasure_ledger, kept)
+                self._layout = _shared_layout(self._database, embedder, options)
         except BaseException:
             registry.release(self._database)
             raise
@@ -304,10 +302,12 @@ def _erase_ended(database: OpenDatabase, layout: SessionLayout) -> list[EndedSes
         with database.operation() as memory, state.lock:
             if not retention.ended(layout, memory, state):
                 continue
-            rule = layout.retention.rule(None if state.record is None else state.record.retention)
+            limit = retention.rule(layout, state)
             erasure = writes.erase(layout, memory, state)
         if erasure is not None:
-            ended.append(EndedSession(state.session_id, rule or "ttl", erasure, state.branch))
+            ended.append(
+                EndedSession(state.session_id, "ttl" if limit is None else limit[1], erasure, state.branch)
+            )
     return sorted(ended, key=lambda session: (session.session_id, session.branch))
 
 
@@ -371,9 +371,7 @@ def _acquire(
     return database
 
 
-def _shared_layout(
-    database: OpenDatabase, embedder: Embedder, ledger: str | None, kept: FileRetention
-) -> SessionLayout:
+def _shared_layout(database: OpenDatabase, embedder: Embedder, options: StoreOptions) -> SessionLayout:
     with database.setup_lock:
         layout = database.layout
         if layout is None:
@@ -386,8 +384,8 @@ def _shared_layout(
                     database.region_writes,
                     database.path,
                 )
-                layout.keep_ledger(ledger)  # before recovery, which may finish an erasure
-                layout.keep_retention(kept)
+                layout.keep_ledger(options.erasure_ledger)  # before recovery, which may finish an erasure
+                layout.keep_retention(options)
                 suffix.recover(layout, memory)  # before any read: old suffix or new, never both
             database.layout = layout
             database.before_close = lambda memory: store_all_pending(layout, memory)
@@ -403,7 +401,7 @@ def _shared_layout(
                 f"{EmbedderIdentity.of(embedder).model_id!r}. Use one embedder per file."
             )
         else:
-            layout.keep_retention(kept)
+            layout.keep_retention(options)
         return layout  # type: ignore[no-any-return]  # OpenDatabase.layout is set here only
 
 

@@ -19,9 +19,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any
+
+from ..options import SessionOptions
 
 LAYOUT_FORMAT = 2
 META_REGION = "coa.meta"
@@ -61,66 +62,6 @@ def parse_segment(name: str) -> tuple[str, int] | None:
     return hid, int(number)
 
 
-NEVER = -1  # a session's idle_ttl of math.inf as its record and the wire hold it (JSON has no infinity)
-
-
-@dataclass(frozen=True)
-class Retention:
-    """A session's own retention, in place of the file's: a field left None follows the file
-    (retention.py). `idle_ttl` is in seconds; ``math.inf`` exempts the session from the file's."""
-
-    ttl_mode: str | None = None
-    idle_ttl: float | None = None
-
-    def to_payload(self) -> dict[str, Any]:
-        idle = None if self.idle_ttl is None else NEVER if math.isinf(self.idle_ttl) else self.idle_ttl
-        return {"ttl_mode": self.ttl_mode, "idle_ttl": idle}
-
-    @classmethod
-    def from_payload(cls, payload: dict[str, Any]) -> Retention:
-        idle = payload.get("idle_ttl")
-        return cls(
-            payload.get("ttl_mode"), None if idle is None else math.inf if idle == NEVER else float(idle)
-        )
-
-
-@dataclass(frozen=True)
-class FileRetention:
-    """The file's retention settings, which every process on it shares (the owner's terms)."""
-
-    ttl: float | None = None
-    ttl_mode: str = "item"
-    idle_ttl: float | None = None
-
-    def rules(self) -> tuple[str, float | None, float | None]:
-        """What decides when a whole session ends (the TTL only counts per session in that mode)."""
-        return (self.ttl_mode, self.idle_ttl, self.ttl if self.ttl_mode == "session" else None)
-
-    def describe(self) -> str:
-        ttl = "" if self.ttl_mode != "session" else f", ttl {self.ttl}s"
-        idle = "no idle_ttl" if self.idle_ttl is None else f"idle_ttl {self.idle_ttl}s"
-        return f"ttl_mode {self.ttl_mode!r}{ttl} and {idle}"
-
-    def lifetime(self, own: Retention | None) -> float | None:
-        """Seconds a session lives after its last write, by these settings and its own (`own`);
-        None: no rule ends it."""
-        limit = self._limit(own)
-        return None if limit is None else limit[0]
-
-    def rule(self, own: Retention | None) -> str | None:
-        """The setting that ends such a session first: "ttl" (session mode) or "idle_ttl"."""
-        limit = self._limit(own)
-        return None if limit is None else limit[1]
-
-    def _limit(self, own: Retention | None) -> tuple[float, str] | None:
-        mode = self.ttl_mode if own is None or own.ttl_mode is None else own.ttl_mode
-        idle = self.idle_ttl if own is None or own.idle_ttl is None else own.idle_ttl
-        limits = [(idle, "idle_ttl")] if idle is not None and not math.isinf(idle) else []
-        if mode == "session" and self.ttl is not None:
-            limits.append((self.ttl, "ttl"))
-        return min(limits) if limits else None
-
-
 @dataclass
 class CatalogRecord:
     """What a session's catalog atom says about it.
@@ -148,7 +89,7 @@ class CatalogRecord:
     replacing: str | None = None
     # The session's own retention (a write brought it), and when it was last popped (µs): a
     # pop is a write, and its session's TTL or idle time counts from it (retention.py).
-    retention: Retention | None = None
+    retention: SessionOptions | None = None
     touched: int | None = None
     # MAIN's record: every branch name the session has used (never used again, as the SDK's).
     branches: list[str] = field(default_factory=list)
@@ -201,7 +142,7 @@ class CatalogRecord:
             erasing=list(payload.get("erasing", ())),
             clearing=bool(payload.get("clearing")),
             replacing=payload.get("replacing"),
-            retention=Retention.from_payload(payload["retention"]) if "retention" in payload else None,
+            retention=SessionOptions.from_payload(payload["retention"]) if "retention" in payload else None,
             touched=payload.get("touched"),
             branch=payload.get("branch", MAIN),
             branches=list(payload.get("branches", ())),

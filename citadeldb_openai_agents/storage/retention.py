@@ -8,9 +8,9 @@ creation, or a later pop, which the record keeps as `touched`):
   written with no expiry of their own.
 * ``idle_ttl``: a session with no write for that long is erased, whatever its mode.
 
-The file's settings (records.FileRetention, from the owner's terms) apply to every session; a
-session may carry its own ``ttl_mode`` and ``idle_ttl`` (records.Retention), kept in its catalog
-record by the write that brought them. A session past its deadline is erased before any
+The file's options (options.StoreOptions, the owner's) apply to every session; a session may
+carry its own (options.SessionOptions), kept in its catalog record by the write that brought
+them. A session past its deadline is erased before any
 operation reads or writes it (local_file.py), hidden from the file's listings, and erased
 with a receipt by `purge` or by the owner's sweep (`Sweeper`), keys destroyed as `clear`
 destroys them. ``ttl_mode = "item"`` (the default) is Citadel's own expiry of each atom.
@@ -28,9 +28,9 @@ from collections.abc import Callable
 
 from citadeldb.memory import Memory
 
+from ..options import SessionOptions
 from .completeness import now_micros
 from .reads import newest_hit
-from .records import Retention
 from .segment_cache import SessionState
 from .segments import SessionLayout
 
@@ -49,11 +49,19 @@ def last_write(layout: SessionLayout, memory: Memory, state: SessionState) -> in
 
 def deadline(layout: SessionLayout, memory: Memory, state: SessionState) -> int | None:
     """When the session ends (µs), by its TTL in session mode or its idle_ttl; None: never."""
-    lifetime = layout.retention.lifetime(None if state.record is None else state.record.retention)
-    if lifetime is None or not state.segments:
+    limit = rule(layout, state)
+    if limit is None or not state.segments:
         return None
     written = last_write(layout, memory, state)
-    return None if written is None else written + int(lifetime * 1_000_000)
+    return None if written is None else written + int(limit[0] * 1_000_000)
+
+
+def rule(layout: SessionLayout, state: SessionState) -> tuple[float, str] | None:
+    """How long the session lives after its last write, by the file's options and its own, and
+    the setting that ends it then; None: no rule ends it."""
+    return layout.retention.for_session(
+        None if state.record is None else state.record.retention
+    ).session_limit()
 
 
 def ended(layout: SessionLayout, memory: Memory, state: SessionState) -> bool:
@@ -62,7 +70,7 @@ def ended(layout: SessionLayout, memory: Memory, state: SessionState) -> bool:
     return end is not None and end <= now_micros()
 
 
-def keep(layout: SessionLayout, memory: Memory, state: SessionState, own: Retention | None) -> None:
+def keep(layout: SessionLayout, memory: Memory, state: SessionState, own: SessionOptions | None) -> None:
     """Before a write: the session's own retention, if the write brings one its record lacks."""
     record = layout.record(state)
     if own is not None and own != record.retention:
@@ -73,12 +81,12 @@ def keep(layout: SessionLayout, memory: Memory, state: SessionState, own: Retent
 
 def sweep_period(layout: SessionLayout, states: list[SessionState]) -> float:
     """Seconds between two sweeps: a quarter of the shortest lifetime a session has, within 0.25-60 s."""
-    lifetimes = [layout.retention.lifetime(None)] + [
-        layout.retention.lifetime(state.record.retention)
+    limits = [layout.retention.session_limit()] + [
+        layout.retention.for_session(state.record.retention).session_limit()
         for state in states
         if state.record is not None and state.record.retention is not None
     ]
-    known = [lifetime for lifetime in lifetimes if lifetime is not None]
+    known = [limit[0] for limit in limits if limit is not None]
     return 60.0 if not known else min(60.0, max(0.25, min(known) / 4))
 
 

@@ -42,6 +42,7 @@ from citadeldb.memory import AtomHit, Memory
 
 from ..embedders.protocol import Embedder, EmbedderIdentity
 from ..errors import RUN_VERIFY, ConfigurationError, CorruptDatabaseError, EmbedderMismatchError
+from ..options import StoreOptions
 from .audit import AuditVerdict
 from .codec import ITEM_KIND
 from .completeness import CompletenessCheck, RowReader, now_micros
@@ -54,7 +55,6 @@ from .records import (
     META_KIND,
     META_REGION,
     CatalogRecord,
-    FileRetention,
     parse_segment,
     segment_name,
     session_hid,
@@ -120,7 +120,7 @@ class SessionLayout:
         # Where this file's erasures are recorded (ledger.py); None: they are not.
         self.ledger: ErasureLedger | None = None
         # How long its sessions live (retention.py): the first store to open the file here sets it.
-        self.retention = FileRetention()
+        self.retention = StoreOptions()
         self._retention_set = False
         self._load_index(memory, verdict)
         if layout_format < LAYOUT_FORMAT:
@@ -289,15 +289,15 @@ class SessionLayout:
         if path is not None and self.ledger is None:
             self.ledger = ErasureLedger(path, self._salt)
 
-    def keep_retention(self, retention: FileRetention) -> None:
+    def keep_retention(self, retention: StoreOptions) -> None:
         """Its sessions' TTL mode and idle time from now on: the first store here sets them, and
         another store in this process must name the same (as a client must name the owner's)."""
         if not self._retention_set:
             self.retention, self._retention_set = retention, True
-        elif retention.rules() != self.retention.rules():
+        elif retention.session_rules() != self.retention.session_rules():
             raise ConfigurationError(
-                f"{self.path} is already open in this process with {self.retention.describe()}; this "
-                f"store asked for {retention.describe()}. Every store on one file ends sessions by the same rules."
+                f"{self.path} is already open in this process with {self.retention.describe_rules()}; this "
+                f"store asked for {retention.describe_rules()}. Every store on one file ends sessions by the same rules."
             )
 
     def note_erasing(self, state: SessionState, hits: list[AtomHit]) -> None:
