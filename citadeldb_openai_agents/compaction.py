@@ -21,6 +21,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .serving import operations as ops
 from .storage.codec import decode_item, decode_items, encode_batch
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ async def compaction_snapshot(
         return None
     if prune_prefix is not None and not callable(prune_prefix):
         return None
-    rows, complete = await asyncio.to_thread(file.newest_rows, session_id, limit)
+    rows, complete = await asyncio.to_thread(file.call, ops.NEWEST_ROWS, session_id, limit)
     items = decode_items([payload for _, payload in rows])
 
     async def replace_suffix(start: int, output: list[Any]) -> bool:
@@ -91,7 +92,7 @@ def replace(
     """
     batch = encode_batch(output, expires_at())
     prune = _expired_prefix(file, session_id, expected[0][0], prune_prefix) if prune_prefix else []
-    return file.replace_suffix(session_id, expected, batch, prune)
+    return file.call(ops.REPLACE_SUFFIX, session_id, expected, batch, prune)
 
 
 def replace_all(file: SharedFile, expires_at: ExpiresAt, session_id: SessionKey, output: list[Any]) -> bool:
@@ -99,10 +100,10 @@ def replace_all(file: SharedFile, expires_at: ExpiresAt, session_id: SessionKey,
 
     False when it changed between the read and the replacement (the SDK then falls back).
     """
-    rows, _ = file.newest_rows(session_id, _EVERYTHING)
+    rows, _ = file.call(ops.NEWEST_ROWS, session_id, _EVERYTHING)
     if not rows:
         if output:
-            file.append(session_id, encode_batch(output, expires_at()))
+            file.call(ops.APPEND, session_id, encode_batch(output, expires_at()))
         return True
     return replace(file, expires_at, session_id, rows, output)
 
@@ -114,7 +115,7 @@ def _expired_prefix(
     pruned: list[int] = []
     after = 0
     while True:
-        rows = file.oldest_rows(session_id, after, before, _PRUNE_PAGE)
+        rows = file.call(ops.OLDEST_ROWS, session_id, after, before, _PRUNE_PAGE)
         for atom, payload in rows:
             if not prune_prefix(decode_item(payload)):
                 return pruned

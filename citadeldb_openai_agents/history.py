@@ -21,6 +21,7 @@ from .compaction import compaction_snapshot, replace_all
 from .errors import BranchError
 from .options import SessionOptions
 from .results import Erasure, HistoryHit
+from .serving import operations as ops
 from .storage.codec import decode_item, decode_items, encode_batch, placed_hits
 from .storage.records import MAIN
 from .storage.segments import SessionKey, key_of
@@ -51,12 +52,12 @@ class History:
     def get_items(self, limit: int | None, branch: str | None = None) -> list[Any]:
         """Every item (`limit` None or negative) or the newest `limit`, oldest first."""
         if limit is None or limit < 0:
-            return decode_items(self._file.all_items(self.key(branch)))
-        return decode_items(self._file.newest(self.key(branch), limit))
+            return decode_items(self._file.call(ops.ALL_ITEMS, self.key(branch)))
+        return decode_items(self._file.call(ops.NEWEST, self.key(branch), limit))
 
     def add_items(self, items: list[Any], max_items: int | None) -> None:
         batch = encode_batch(items, self.expires_at(), max_items, self.retention)
-        self._file.append(self.key(), batch)
+        self._file.call(ops.APPEND, self.key(), batch)
 
     def pop_item(self) -> Any | None:
         return None if (payload := self._file.pop(self.key())) is None else decode_item(payload)
@@ -67,13 +68,13 @@ class History:
         self.branch = MAIN
 
     def search(self, query: str, limit: int) -> list[Any]:
-        payloads = [payload for payload, _ in self._file.search_placed(self.key(), query, limit)[0]]
+        payloads = [payload for payload, _ in self._file.call(ops.SEARCH_PLACED, self.key(), query, limit)[0]]
         return decode_items(payloads)
 
     def search_with_positions(self, query: str, limit: int) -> tuple[list[HistoryHit], int]:
         """`search`'s hits with their positions (identical hits once, with each position), and
         the session's item count: from the search data, without reading the session."""
-        found, held = self._file.search_placed(self.key(), query, limit)
+        found, held = self._file.call(ops.SEARCH_PLACED, self.key(), query, limit)
         return placed_hits(found), held
 
     async def compaction_snapshot(self, limit: Any, prune: Any, unexpected: bool) -> Any:
@@ -90,11 +91,11 @@ class History:
             raise BranchError("Branch name cannot be empty")
         if name is not None and not _storable(name):
             raise BranchError(f"Branch name {name!r} holds a lone surrogate, which no file can store")
-        self.branch = self._file.branch(self.session_id, self.branch, turn, name)
+        self.branch = self._file.call(ops.BRANCH, self.session_id, self.branch, turn, name)
         return self.branch
 
     def switch(self, branch: str) -> None:
-        if not self._file.newest(self.key(branch), 1):
+        if not self._file.call(ops.NEWEST, self.key(branch), 1):
             raise BranchError(f"Branch '{branch}' does not exist")
         self.branch = branch
 
@@ -112,7 +113,7 @@ class History:
             if branch not in {entry["branch_id"] for entry in self.list_branches()}:
                 raise BranchError(f"Branch '{branch}' does not exist")
             self.switch(MAIN)
-        return self._file.delete_branch(self.session_id, branch)
+        return self._file.call(ops.DELETE_BRANCH, self.session_id, branch)
 
     def list_branches(self) -> list[dict[str, Any]]:
         return [
@@ -123,7 +124,7 @@ class History:
                 "is_current": name == self.branch,
                 "created_at": turns.Placed(None, "", None, 0, created).timestamp,
             }
-            for name, count, users, created in self._file.branches(self.session_id)
+            for name, count, users, created in self._file.call(ops.BRANCHES, self.session_id)
         ]
 
     # -- turns ------------------------------------------------------------------------
@@ -133,9 +134,9 @@ class History:
         (no decryption when they are kept) and with no creation times (0)."""
         if not timed:
             return turns.placed(
-                [(decode_item(payload), 0) for payload in self._file.all_items(self.key(branch))]
+                [(decode_item(payload), 0) for payload in self._file.call(ops.ALL_ITEMS, self.key(branch))]
             )
-        rows = self._file.item_rows(self.key(branch))
+        rows = self._file.call(ops.ITEM_ROWS, self.key(branch))
         return turns.placed([(decode_item(payload), created) for _, created, payload in rows])
 
     def conversation_turns(self, branch: str | None) -> list[dict[str, Any]]:
@@ -160,11 +161,11 @@ class History:
         """The run's `Usage` kept as the current turn's (False: the branch has no turn yet)."""
         counts = {name: int(getattr(usage, name, 0) or 0) for name in USAGE_COUNTS}
         details = {name: _details(getattr(usage, name, None)) for name in TOKEN_DETAILS}
-        return self._file.store_usage(self.key(), {**counts, **details})
+        return self._file.call(ops.STORE_USAGE, self.key(), {**counts, **details}, None)
 
     def session_usage(self, branch: str | None) -> dict[str, int] | None:
         """Every turn's usage added up, of one branch or (None, or "") of all."""
-        found = self._file.usage(self.session_id, branch or None)
+        found = self._file.call(ops.USAGE, self.session_id, branch or None)
         if not found:
             return None
         total = {name: sum(used[name] for _, _, used in found) for name in USAGE_COUNTS}
@@ -173,7 +174,8 @@ class History:
     def turn_usage(self, turn: int | None, branch: str | None) -> list[dict[str, Any]] | dict[str, Any]:
         """One turn's usage ({} when it has none), or (None) every turn's, of a branch (None: the current)."""
         found = [
-            (number, used) for _, number, used in self._file.usage(self.session_id, branch or self.branch)
+            (number, used)
+            for _, number, used in self._file.call(ops.USAGE, self.session_id, branch or self.branch)
         ]
         if turn is not None:
             return next((dict(used) for number, used in found if number == turn), {})

@@ -26,6 +26,7 @@ from .results import (
     SessionExport,
     SessionSummary,
 )
+from .serving import operations as ops
 from .serving.shared_file import SharedFile
 from .shards import Ring, RingFile
 from .storage.codec import decode_item, decode_items, encode_batch
@@ -135,7 +136,7 @@ class FileStore:
     def session_ids(self) -> list[str]:
         """The ids of the sessions holding at least one live item, sorted."""
         self._check_open()
-        return self._file.session_ids()
+        return self._file.call(ops.SESSION_IDS)
 
     def purge(self, *, progress: Progress | None = None) -> PurgeReport:
         """Erase now (keys destroyed) what has expired: each session that ended (`ttl` in session
@@ -144,7 +145,7 @@ class FileStore:
         `progress(done, total)` is called after each session.
         """
         self._check_open()
-        return self._file.purge(progress)
+        return self._file.call(ops.PURGE, progress=progress)
 
     def purge_expired(self, *, progress: Progress | None = None) -> int:
         """`purge`, returning only how many items it erased (those of the sessions that ended too)."""
@@ -161,7 +162,7 @@ class FileStore:
             SessionNotFoundError: the file holds nothing under this id.
         """
         self._check_open()
-        erasure = self._file.erase(session_id)
+        erasure = self._file.call(ops.ERASE, session_id, None)
         if erasure is None:
             raise self._not_found(session_id)
         return erasure
@@ -181,7 +182,7 @@ class FileStore:
         self._check_open()
         ids = list(dict.fromkeys(session_ids))
         # One summary per named id, not `sessions()`: that would count every session in the file.
-        counts = {session_id: self._file.summary(session_id) for session_id in ids}
+        counts = {session_id: self._file.call(ops.SUMMARY, session_id) for session_id in ids}
         unknown = [session_id for session_id, found in counts.items() if found is None]
         if unknown:
             raise self._not_found(*unknown, done="nothing was erased.")
@@ -192,12 +193,12 @@ class FileStore:
     def sessions(self) -> list[SessionSummary]:
         """Every session holding a live item: its id, item count and first and last write."""
         self._check_open()
-        return [SessionSummary.from_micros(*found) for found in self._file.summaries()]
+        return [SessionSummary.from_micros(*found) for found in self._file.call(ops.SUMMARIES)]
 
     def summary(self, session_id: str) -> SessionSummary | None:
         """One session's item count and first and last write; None when it holds no live item."""
         self._check_open()
-        found = self._file.summary(session_id)
+        found = self._file.call(ops.SUMMARY, session_id)
         return None if found is None else SessionSummary.from_micros(session_id, *found)
 
     def rotate_key(self, current_key: str, new_key: str) -> None:
@@ -233,7 +234,7 @@ class FileStore:
         `progress(done, total)` is called after each session.
         """
         self._check_open()
-        return self._file.verify(progress)
+        return self._file.call(ops.VERIFY, progress=progress)
 
     # -- whole sessions in and out: export, import, move (transfer/) --
 
@@ -246,7 +247,7 @@ class FileStore:
             SessionNotFoundError: the session holds no live item.
         """
         self._check_open()
-        items = decode_items(self._file.all_items(session_id, progress))
+        items = decode_items(self._file.call(ops.ALL_ITEMS, session_id, progress=progress))
         if not items:
             raise self._not_found(session_id)
         return items
@@ -277,7 +278,7 @@ class FileStore:
         if mode not in IMPORT_MODES:
             raise ValueError(f"mode must be one of {', '.join(IMPORT_MODES)}, not {mode!r}")
         if branch != MAIN:
-            self._file.reserve(session_id, [branch])
+            self._file.call(ops.RESERVE, session_id, [branch])
         return import_chunks(
             self._file,
             session_id,
@@ -301,9 +302,10 @@ class FileStore:
         self._check_open()
         names = list(branch_names)
         if names:
-            self._file.reserve(session_id, names)
+            self._file.call(ops.RESERVE, session_id, names)
         return sum(
-            self._file.store_usage(key_of(session_id, branch), used, turn) for branch, turn, used in usage
+            self._file.call(ops.STORE_USAGE, key_of(session_id, branch), used, turn)
+            for branch, turn, used in usage
         )
 
     def export_session(self, session_id: str) -> SessionExport:
@@ -314,15 +316,15 @@ class FileStore:
             SessionNotFoundError: no branch of the session holds a live item.
         """
         self._check_open()
-        names = [name for name, *_ in self._file.branches(session_id)]
+        names = [name for name, *_ in self._file.call(ops.BRANCHES, session_id)]
         if not names:
             raise self._not_found(session_id)
         branches = {}
         for name in sorted(names, key=lambda branch: branch != MAIN):
-            rows = self._file.item_rows(key_of(session_id, name))
+            rows = self._file.call(ops.ITEM_ROWS, key_of(session_id, name))
             branches[name] = [(decode_item(payload), created) for _, created, payload in rows]
-        usage = self._file.usage(session_id, None)
-        return SessionExport(session_id, branches, usage, self._file.reserved(session_id))
+        usage = self._file.call(ops.USAGE, session_id, None)
+        return SessionExport(session_id, branches, usage, self._file.call(ops.RESERVED, session_id))
 
     def move_session(
         self, session_id: str, other: FileStore, *, progress: Progress | None = None

@@ -40,6 +40,7 @@ from citadeldb_openai_agents import (
     import_file,
     restore_backup,
 )
+from citadeldb_openai_agents.serving import operations as ops
 from citadeldb_openai_agents.storage.memory_handle import MemoryHandle
 
 from conftest import KEY
@@ -445,11 +446,15 @@ async def test_a_move_refuses_a_target_with_another_branch_and_resumes_an_erase_
     class Cut(Exception):
         pass
 
-    def cut(*args: Any) -> None:  # copied, usage too, and compared: the erase is the next step
-        raise Cut
+    calls = store._file.call
+
+    def cut(operation: Any, *args: Any, **kwargs: Any) -> Any:  # copied, usage too, and compared
+        if operation is ops.ERASE:  # the erase is the next step
+            raise Cut
+        return calls(operation, *args, **kwargs)
 
     with monkeypatch.context() as patched, pytest.raises(Cut):
-        patched.setattr(store._file, "erase", cut)
+        patched.setattr(store._file, "call", cut)
         store.move_session("s", other)
     before = await whole(session)
     await session.delete_branch("alt")  # as an erase that a crash stopped after the branches, before MAIN
@@ -465,18 +470,18 @@ def test_a_change_at_the_source_after_the_compare_stops_the_erase(
 ) -> None:
     store, other = make_store(), make_store(tmp_path / "other.cdl")
     session = asyncio.run(branched(store))
-    compared = other._file.all_items  # the compare's read, the last step before the erase
+    calls = other._file.call  # its ops.ALL_ITEMS is the compare's read, the last step before the erase
 
-    def then_a_change(key: Any, progress: Any = None) -> list[str]:
-        found = compared(key, progress)
-        if key == ("s", "alt"):
+    def then_a_change(operation: Any, *args: Any, **kwargs: Any) -> Any:
+        found = calls(operation, *args, **kwargs)
+        if operation is ops.ALL_ITEMS and args[0] == ("s", "alt"):
             if change == "a branch made":
                 asyncio.run(session.create_branch_from_turn(2, "late"))
             else:
                 asyncio.run(session.store_run_usage(run_result(3, 99, 1)))
         return found
 
-    monkeypatch.setattr(other._file, "all_items", then_a_change)
+    monkeypatch.setattr(other._file, "call", then_a_change)
     with pytest.raises(MoveConflictError, match="changed after the move copied"):
         store.move_session("s", other)
     monkeypatch.undo()

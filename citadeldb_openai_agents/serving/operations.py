@@ -162,7 +162,7 @@ class Operation(Generic[T]):
             a caller that asks.
         notes: Takes ``note`` after its arguments, told what it is about to erase before it
             erases (shape `noted`).
-        batched: Its last two arguments are a batch id and `resent` (see `SharedFile._call`).
+        batched: Its last two arguments are a batch id (`SharedFile.call` makes one) and `resent`.
         marks_local: The batch id is stored on a call of this process's own too.
         session: Its first argument is a session id: one session's operation, refused for a
             session another shard holds (shards.Ring).

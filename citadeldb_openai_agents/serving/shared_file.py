@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..embedders.protocol import Embedder, EmbedderIdentity
 from ..errors import SessionClosedError, StorageError
 from ..options import StoreOptions
-from ..results import Erasure, IntegrityReport, Progress, PurgeReport
+from ..results import Progress
 from ..shards import Ring, RingFile
 from ..storage.codec import Batch
 from ..storage.files import resolve_path
@@ -51,7 +51,7 @@ T = TypeVar("T")
 
 
 class SharedFile:
-    """Every operation the store offers, on a file this process owns or reaches through its owner."""
+    """Every operation the store offers (`call`), on a file this process owns or reaches through its owner."""
 
     def __init__(
         self,
@@ -139,66 +139,26 @@ class SharedFile:
             transport.close()
         self._forget_secrets()
 
-    # -- one session ----------------------------------------------------------------------
+    # -- the operations ------------------------------------------------------------------
 
-    def append(self, key: SessionKey, batch: Batch) -> None:
-        self._call(ops.APPEND, key, batch, uuid.uuid4().hex)
+    def call(self, operation: Operation[T], *args: Any, progress: Progress | None = None) -> T:
+        """`operation(*args)` where the file is, here or in its owner: every operation declared in
+        operations.py, its result typed by its row (``call(ops.NEWEST, key, 20) -> list[str]``).
+
+        A batched operation's batch gets a new id here (`append_batch` sends the caller's); the
+        methods below are the operations with a policy of their own.
+        """
+        if operation.batched:
+            args = (*args, uuid.uuid4().hex)
+        return self._call(operation, *args, progress=progress)
 
     def append_batch(self, key: SessionKey, batch: Batch, batch_id: str) -> None:
-        """`append` under the caller's batch id, skipped if a batch with that id is already stored.
+        """`ops.APPEND` under the caller's batch id, skipped if a batch with that id is already stored.
 
         For a batch the caller may have sent before (an import's chunk, rerun): the id is
         looked for where a batch just written is, the session's last two segments.
         """
         self._call(ops.APPEND, key, batch, batch_id, resent=True)
-
-    def newest_rows(self, key: SessionKey, limit: int) -> tuple[list[tuple[int, str]], bool]:
-        return self._call(ops.NEWEST_ROWS, key, limit)
-
-    def oldest_rows(self, key: SessionKey, after: int, before: int, limit: int) -> list[tuple[int, str]]:
-        return self._call(ops.OLDEST_ROWS, key, after, before, limit)
-
-    def replace_suffix(self, key: SessionKey, *args: Any) -> bool:
-        """`storage.suffix.replace_suffix` under a new batch id: safe to send again."""
-        return self._call(ops.REPLACE_SUFFIX, key, *args, uuid.uuid4().hex)
-
-    def newest(self, key: SessionKey, limit: int) -> list[str]:
-        return self._call(ops.NEWEST, key, limit)
-
-    def all_items(self, key: SessionKey, progress: Progress | None = None) -> list[str]:
-        return self._call(ops.ALL_ITEMS, key, progress=progress)
-
-    def search_placed(self, key: SessionKey, query: str, limit: int) -> tuple[list[tuple[str, int]], int]:
-        return self._call(ops.SEARCH_PLACED, key, query, limit)
-
-    def item_rows(self, key: SessionKey) -> list[tuple[int, int, str]]:
-        return self._call(ops.ITEM_ROWS, key)
-
-    # -- a session's branches and usage (AdvancedSQLiteSession's) ------------------------
-
-    def branches(self, session_id: str) -> list[tuple[str, int, int, int]]:
-        return self._call(ops.BRANCHES, session_id)
-
-    def branch(self, session_id: str, source: str, turn: int, name: str | None) -> str:
-        return self._call(ops.BRANCH, session_id, source, turn, name)
-
-    def delete_branch(self, session_id: str, branch: str) -> Erasure:
-        return self._call(ops.DELETE_BRANCH, session_id, branch)
-
-    def store_usage(self, key: SessionKey, usage: dict[str, Any], turn: int | None = None) -> bool:
-        return self._call(ops.STORE_USAGE, key, usage, turn)
-
-    def reserve(self, session_id: str, names: list[str]) -> None:
-        self._call(ops.RESERVE, session_id, names)
-
-    def reserved(self, session_id: str) -> list[str]:
-        return self._call(ops.RESERVED, session_id)
-
-    def usage(self, session_id: str, branch: str | None) -> list[tuple[str, int, dict[str, Any]]]:
-        return self._call(ops.USAGE, session_id, branch)
-
-    def summary(self, session_id: str) -> tuple[int, int, int] | None:
-        return self._call(ops.SUMMARY, session_id)
 
     def pop(self, key: SessionKey) -> str | None:
         """Pop the newest item, in one call to the owner.
@@ -224,24 +184,6 @@ class SharedFile:
             self._call(ops.CLEAR, session_id, noted=noted)
         except _GoneAfterNote:
             self._call(ops.CLEAR_THROUGH, session_id, noted[-1])
-
-    def erase(self, session_id: str, expected: str | None = None) -> Erasure | None:
-        """Erase with a receipt; with `expected`, only if the session holds what it digests (`session_digest`)."""
-        return self._call(ops.ERASE, session_id, expected)
-
-    # -- every session --------------------------------------------------------------------
-
-    def session_ids(self) -> list[str]:
-        return self._call(ops.SESSION_IDS)
-
-    def summaries(self, progress: Progress | None = None) -> list[tuple[str, int, int, int]]:
-        return self._call(ops.SUMMARIES, progress=progress)
-
-    def purge(self, progress: Progress | None = None) -> PurgeReport:
-        return self._call(ops.PURGE, progress=progress)
-
-    def verify(self, progress: Progress | None = None) -> IntegrityReport:
-        return self._call(ops.VERIFY, progress=progress)
 
     def backup(self, destination: str | os.PathLike[str], progress: Progress | None = None) -> list[str]:
         # The owner writes it: a path that means the same in every process.
@@ -293,7 +235,7 @@ class SharedFile:
         resent: bool = False,
         noted: list[Any] | None = None,
     ) -> T:
-        """`operation(*args)` where the file is: here if this process owns it, else in its owner.
+        """`call`, told `resent` (`append_batch`) and given `noted` for what a pop or clear will erase.
 
         When the owner goes mid-call, the call is sent again to the next owner where its
         declaration allows (`Operation.resend`), and raises `_GoneAfterNote` (once attached

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from ..errors import SessionNotEmptyError
 from ..results import ImportSummary, Progress
+from ..serving import operations as ops
 from ..serving.shared_file import SharedFile
 from ..storage.codec import Batch, digest, encode_item
 from ..storage.records import MAIN
@@ -96,7 +97,7 @@ def import_chunks(
     (its MAIN import) erased every branch already.
     """
     key = key_of(session_id, branch)
-    chosen = plan(file.all_items(key), batch.payloads, mode, CHUNK)
+    chosen = plan(file.call(ops.ALL_ITEMS, key), batch.payloads, mode, CHUNK)
     if chosen.refused:
         raise SessionNotEmptyError(
             f"session {session_id!r} in {file.path} already holds items other than this import's; "
@@ -105,7 +106,7 @@ def import_chunks(
         )
     if chosen.clear:
         if branch != MAIN:
-            chosen = plan(file.all_items(key), batch.payloads, "append", CHUNK)
+            chosen = plan(file.call(ops.ALL_ITEMS, key), batch.payloads, "append", CHUNK)
         else:
             file.clear(session_id)
     write_chunks(file, key, batch, chosen.start, expires_at, progress)

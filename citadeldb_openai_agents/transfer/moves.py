@@ -27,6 +27,7 @@ from typing import Any
 
 from ..errors import MoveConflictError, SessionNotFoundError
 from ..results import MoveSummary, Progress
+from ..serving import operations as ops
 from ..serving.shared_file import SharedFile
 from ..shards import moving_sessions
 from ..storage.codec import batch_of_payloads, session_digest
@@ -125,28 +126,30 @@ def _move(
     start, total = found.copied_before(), _count(found.source)
     # Every name the session used, deleted branches' too: as created there, none can be used again.
     others = list(
-        dict.fromkeys([*source.reserved(session_id), *(name for name in found.source if name != MAIN)])
+        dict.fromkeys(
+            [*source.call(ops.RESERVED, session_id), *(name for name in found.source if name != MAIN)]
+        )
     )
     if others:
-        target.reserve(session_id, others)
+        target.call(ops.RESERVE, session_id, others)
     done = 0
     for name, items in found.source.items():
         told = None if progress is None else _offset(progress, done, total)
         key = key_of(session_id, name)
         write_chunks(target, key, batch_of_payloads(items), len(found.target.get(name, [])), expires_at, told)
         done += len(items)
-    usage = source.usage(session_id, None)
+    usage = source.call(ops.USAGE, session_id, None)
     for branch, turn, used in usage:  # stored again, a turn's usage replaces itself
-        target.store_usage(key_of(session_id, branch), used, turn)
-    copied = {name: target.all_items(key_of(session_id, name)) for name in found.source}
-    if copied != found.source or not _holds(target.usage(session_id, None), usage):
+        target.call(ops.STORE_USAGE, key_of(session_id, branch), used, turn)
+    copied = {name: target.call(ops.ALL_ITEMS, key_of(session_id, name)) for name in found.source}
+    if copied != found.source or not _holds(target.call(ops.USAGE, session_id, None), usage):
         raise MoveConflictError(
             f"after the copy, session {session_id!r} in {target.path} holds "
             f"{_items(_count(copied))} (or usage) that differ from the {total} of {source.path} "
             f"(something else wrote to it); nothing was erased from {source.path}. {_FIX}"
         )
     try:
-        erasure = source.erase(session_id, session_digest(found.source, usage))
+        erasure = source.call(ops.ERASE, session_id, session_digest(found.source, usage))
     except MoveConflictError as exc:
         raise MoveConflictError(
             f"{exc} {source.path} still holds it; {target.path} holds the copy of it as it was. "
@@ -162,8 +165,8 @@ def _read(source: SharedFile, target: SharedFile, session_id: str) -> _Held:
 
 def _branches(file: SharedFile, session_id: str) -> dict[str, list[str]]:
     """MAIN's items and those of each other branch holding any."""
-    names = [name for name, *_ in file.branches(session_id) if name != MAIN]
-    return {name: file.all_items(key_of(session_id, name)) for name in [MAIN, *sorted(names)]}
+    names = [name for name, *_ in file.call(ops.BRANCHES, session_id) if name != MAIN]
+    return {name: file.call(ops.ALL_ITEMS, key_of(session_id, name)) for name in [MAIN, *sorted(names)]}
 
 
 def _count(side: dict[str, list[str]]) -> int:
