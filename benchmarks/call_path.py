@@ -2,6 +2,8 @@
 
     python benchmarks/call_path.py            # add_items (one turn), get_items(limit=20), pop_item
     python benchmarks/call_path.py --list     # and each module's name
+    python benchmarks/call_path.py --order    # and the order get_items(limit=20) enters them, with
+                                              # the first function of each (docs/design.md's walk)
 
 One process owns a new file (a session of 300 items among 20 others); each call runs once
 to warm up, then once under `sys.setprofile` and `threading.setprofile` (the owner's threads
@@ -35,6 +37,8 @@ class Trace:
     def __init__(self) -> None:
         self.modules: set[str] = set()
         self.fork_checks = 0
+        # (module, its first function entered, the thread): in the order first entered.
+        self.order: list[tuple[str, str, str]] = []
 
     def __call__(self, frame: FrameType, event: str, _: Any) -> None:
         if event != "call":
@@ -42,7 +46,12 @@ class Trace:
         code = frame.f_code
         path = Path(code.co_filename)
         if path.is_relative_to(PACKAGE):
-            self.modules.add(str(path.relative_to(PACKAGE)))
+            module = str(path.relative_to(PACKAGE))
+            if module not in self.modules:
+                self.order.append(
+                    (module, getattr(code, "co_qualname", code.co_name), threading.current_thread().name)
+                )
+            self.modules.add(module)
             if code.co_name == "forked" and path.name == "engine.py":
                 self.fork_checks += 1
 
@@ -59,6 +68,9 @@ class Trace:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--list", action="store_true", help="name each module entered")
+    parser.add_argument(
+        "--order", action="store_true", help="get_items(limit=20)'s modules in the order entered"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         store = CitadelSessionStore(Path(scratch) / "agent.cdl", KEY, argon2_profile="iot")
@@ -81,11 +93,17 @@ def main() -> None:
                 trace.run(call)
                 print(f"| `{name}` | {len(trace.modules)} | {trace.fork_checks} |")
                 listed.append((name, sorted(trace.modules)))
+                if name.startswith("get_items"):
+                    order = trace.order
         finally:
             store.close()
     if args.list:
         for name, modules in listed:
             print(f"\n`{name}`: {', '.join(modules)}")
+    if args.order:
+        print("\n| # | module | first function entered | thread |\n|---:|---|---|---|")
+        for number, (module, function, thread) in enumerate(order, 1):
+            print(f"| {number} | {module} | `{function}` | {thread} |")
 
 
 if __name__ == "__main__":
