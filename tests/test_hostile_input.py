@@ -353,3 +353,28 @@ async def test_very_long_session_ids_stay_isolated(store: CitadelSessionStore, d
         listed = [summary.session_id for summary in reopened.sessions()]
         assert reopened.session_ids() == listed == kept
         assert [len(session_id) for session_id in listed] == [len(session_id) for session_id in kept]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"erasure_ledger": 5},  # not a path
+        {"ttl": "1h"},  # a duration as text, not seconds
+        {"sync_mode": "fast"},
+        {"cache_size": -1},
+        {"idle_ttl": True},
+        {"unknown": 1},
+    ],
+)
+def test_a_hello_whose_terms_are_not_a_stores_options_is_a_protocol_error(change: dict[str, object]) -> None:
+    """The terms a client or an owner tells are checked by the store's own checks; anything else
+    is a ProtocolError (the connection is dropped), never another exception out of the parser."""
+    from citadeldb_openai_agents.options import StoreOptions
+    from citadeldb_openai_agents.serving.operations import ProtocolError
+    from citadeldb_openai_agents.serving.protocol import CLIENT_HELLO
+
+    terms = {**vars(StoreOptions()), **change}
+    hello = {"pid": 1, "program": "x", "terms": terms, "identity": ["m", 8, "cosine"]}
+    with pytest.raises(ProtocolError):
+        CLIENT_HELLO(hello)
+    assert CLIENT_HELLO({**hello, "terms": vars(StoreOptions())}).terms == StoreOptions()

@@ -192,7 +192,7 @@ def _session_options(value: Any) -> SessionOptions:
     """A session's own options, each checked as `CitadelSession` checks its arguments."""
     try:
         return SessionOptions.from_payload(value)
-    except ValueError as exc:
+    except (TypeError, ValueError) as exc:
         raise ProtocolError(str(exc)) from None
 
 

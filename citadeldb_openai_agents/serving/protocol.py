@@ -70,7 +70,7 @@ def _terms(value: Any) -> StoreOptions:
         raise ProtocolError("expected a store's options")
     try:
         return StoreOptions.of(**value)
-    except ValueError as exc:
+    except (TypeError, ValueError) as exc:  # TypeError: a path that is not text
         raise ProtocolError(str(exc)) from None
 
 
