@@ -234,7 +234,8 @@ class StoreOptions:
 
     def session_limit(self) -> tuple[float, str] | None:
         """Seconds a session lives after its last write, and the setting that ends it then ("ttl"
-        counted per session, or "idle_ttl"); None: no rule ends a whole session."""
+        counted per session, or "idle_ttl": no write for that long, whatever the mode); None: no
+        rule ends a whole session. The earlier of the two wins."""
         limits = (
             [(self.idle_ttl, "idle_ttl")] if self.idle_ttl is not None and self.idle_ttl < math.inf else []
         )
@@ -261,6 +262,24 @@ class StoreOptions:
         if name == "erasure_ledger":
             return "none" if value is None else repr(value)
         return repr(value)
+
+    def ends_sessions(self) -> bool:
+        """Whether these settings name a rule that ends whole sessions (then `purge` reports the
+        sessions it ended, none included)."""
+        return self.ttl_mode == "session" or self.idle_ttl is not None
+
+
+# Why `purge` erased a whole session, by the rule `StoreOptions.session_limit` names.
+ENDED_BY = {"ttl": "its ttl ran out (ttl_mode session)", "idle_ttl": "idle for its idle_ttl"}
+
+# How a setting shown by name reads when unset, where that is not simply "nothing", and which
+# settings are durations: the config check prints these (cli/render.py).
+UNSET_MEANS = {
+    "ttl": "keep forever",
+    "idle_ttl": "never for idleness",
+    "cache_size": f"{DEFAULT_CACHE_PAGES} pages",
+}
+DURATIONS = frozenset({"ttl", "idle_ttl"})
 
 
 NEVER = -1  # a session's idle time of math.inf as its record and the wire hold it (JSON has no infinity)

@@ -39,8 +39,8 @@ class Erasure:
 
 @dataclass(frozen=True)
 class EndedSession:
-    """A session erased whole because it ended: `rule` is "ttl" (it lived `ttl` after its last
-    write, ``ttl_mode = "session"``) or "idle_ttl" (no write for that long)."""
+    """A session erased whole because it ended: `rule` names the setting that ended it, as
+    `StoreOptions.session_limit` gives it (the TTL counted per session, or the idle time)."""
 
     session_id: str
     rule: str

@@ -114,6 +114,12 @@ class FileStore:
         return self._file.options.idle_ttl
 
     @property
+    def options(self) -> StoreOptions:
+        """Every setting this store holds for its file, as one immutable value (the owner's, where
+        adopted)."""
+        return self._file.options
+
+    @property
     def adopted(self) -> dict[str, Any]:
         """The settings this store took from the file's owner (see ``adopt``), with their values."""
         return self._file.adopted

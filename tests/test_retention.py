@@ -8,6 +8,7 @@ Durations are a second or two: the clock is the one Citadel stamps every atom wi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import textwrap
@@ -185,6 +186,10 @@ def test_a_client_must_end_sessions_by_the_owners_rules_or_adopt_them(db_path: P
         with CitadelSessionStore(db_path, KEY, ttl=60, adopt=("ttl_mode", "idle_ttl")) as adopter:
             assert (adopter.ttl_mode, adopter.idle_ttl) == ("session", 3600)
             assert adopter.adopted == {"ttl_mode": "session", "idle_ttl": 3600}
+            # The one options value the store holds is the adopted one, and nothing can change it.
+            assert (adopter.options.ttl, adopter.options.ttl_mode, adopter.options.idle_ttl) == (60, "session", 3600)
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                adopter.options.idle_ttl = None  # type: ignore[misc]
 
 
 def test_two_stores_of_one_process_on_one_file_end_sessions_by_the_same_rules(make_store: Any) -> None:
@@ -238,6 +243,9 @@ def test_the_settings_come_from_toml_or_variables_and_purge_prints_what_each_rul
     assert printed[3] == "  items erased:       2"
     assert main(["purge", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["ended_sessions"] == []
+    # Rules that end sessions are in force: a purge that ended none says so.
+    assert main(["purge"]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == ["erased 0 sessions that ended"]
 
 
 def test_purge_exits_1_when_the_readback_of_an_ended_session_finds_an_item(

@@ -141,12 +141,12 @@ def purge(args: argparse.Namespace) -> int:
     with open_store(args) as store, render.progress_bar("purging", enabled=not args.json) as progress:
         purged_at = datetime.now(timezone.utc)
         report = store.purge(progress=progress)
-        path, ttl, mode, idle = store.path, store.ttl, store.ttl_mode, store.idle_ttl
+        path, options = store.path, store.options
     if args.json:
         render.print_json(receipts.purge_dict(report, path, purged_at))
     else:
         # Sessions are only mentioned where a rule could end one.
-        receipts.print_purge(report, path, purged_at, ttl, ends=bool(idle) or mode == "session")
+        receipts.print_purge(report, path, purged_at, options.ttl, ends=options.ends_sessions())
     receipts.refuse_unconfirmed([s.session_id for s in report.ended if not s.erasure.readback_confirmed])
     return 0
 

@@ -232,8 +232,8 @@ def _add_erasures(add: Any, as_json: Any) -> None:
         "purge",
         "erase every expired item and every session that ended, and print what each erased",
         "store.purge()",
-        "Expired items and sessions are already invisible; this destroys their keys. A session ends "
-        "ttl after its last write with ttl_mode session, or idle_ttl after it; each gets a receipt.",
+        "Expired items and sessions are already invisible; this destroys their keys. Each session "
+        "that a retention rule ended (docs/configuration.md) gets a receipt.",
         as_json,
     ).set_defaults(run=commands.purge)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from ..options import ENDED_BY
 from ..results import Erasure, MoveSummary, PurgeReport
 from .opening import Refused
 from .render import count, utc
@@ -42,14 +43,10 @@ def print_purge(report: PurgeReport, path: str, purged_at: datetime, ttl: float 
         print_receipt(session.session_id, session.erasure, path, purged_at, why=session.rule, branch=branch)
 
 
-# Why `purge` erased a whole session, by the setting that ended it.
-_ENDED_BY = {"ttl": "its ttl ran out (ttl_mode session)", "idle_ttl": "idle for its idle_ttl"}
-
-
 def print_receipt(
     session_id: str, erasure: Erasure, path: str, erased_at: datetime, why: str = "", branch: str = ""
 ) -> None:
-    because = f": {_ENDED_BY.get(why, why)}" if why else ""
+    because = f": {ENDED_BY.get(why, why)}" if why else ""
     print(f"erased session {session_id!r}{branch} from {path} at {utc(erased_at)} UTC{because}")
     _print_erasure(erasure)
 

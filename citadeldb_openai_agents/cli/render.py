@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import EmbedderIdentity
 from ..config import CheckReport
-from ..options import DEFAULT_CACHE_PAGES, format_duration
+from ..options import DURATIONS, UNSET_MEANS, format_duration
 from ..results import ExportSummary, ImportReport, IntegrityReport, PageLayout, SessionSummary
 
 
@@ -85,12 +85,7 @@ def _value(report: CheckReport, name: str) -> Any:
 
 
 # What an unset setting means, where it is not simply "nothing" (the store decides it).
-_UNSET_MEANS = {
-    "ttl": "keep forever",
-    "idle_ttl": "never for idleness",
-    "max_items": "no cap",
-    "cache_size": f"{DEFAULT_CACHE_PAGES} pages",
-}
+_UNSET_MEANS = {**UNSET_MEANS, "max_items": "no cap"}
 
 
 def _text(name: str, value: Any) -> str:
@@ -99,7 +94,7 @@ def _text(name: str, value: Any) -> str:
         return f"unset ({meaning})" if meaning else "unset"
     if isinstance(value, list):
         return ", ".join(value) if value else "none"
-    if name in ("ttl", "idle_ttl"):
+    if name in DURATIONS:
         return format_duration(value)
     if isinstance(value, EmbedderIdentity):
         return describe_embedder(value)

@@ -1,19 +1,17 @@
 """How long a session lives: its TTL counted per item or per session, and its idle time.
 
-Two rules can end a whole session, and both count from its last write (the newest item's
-creation, or a later pop, which the record keeps as `touched`):
-
-* ``ttl_mode = "session"``: the session lives `ttl` after its last write, so a
-  conversation that goes on never loses its beginning (RedisSession's TTL). Its items are
-  written with no expiry of their own.
-* ``idle_ttl``: a session with no write for that long is erased, whatever its mode.
+Two rules can end a whole session, a TTL counted per session (RedisSession's: a conversation
+that goes on never loses its beginning, its items written with no expiry of their own) and an
+idle time; `StoreOptions.session_limit` (options.py) says which applies and when. Both count
+from the session's last write (the newest item's creation, or a later pop, which the record
+keeps as `touched`).
 
 The file's options (options.StoreOptions, the owner's) apply to every session; a session may
 carry its own (options.SessionOptions), kept in its catalog record by the write that brought
 them. A session past its deadline is erased before any
 operation reads or writes it (local_file.py), hidden from the file's listings, and erased
 with a receipt by `purge` or by the owner's sweep (`Sweeper`), keys destroyed as `clear`
-destroys them. ``ttl_mode = "item"`` (the default) is Citadel's own expiry of each atom.
+destroys them. A TTL counted per item (the default) is Citadel's own expiry of each atom.
 
 Citadel's eviction policies (`EvictionPolicy.stale`, `lru`) judge atoms one by one, by their
 age or their last access, inside one region: neither knows a session spread over several
@@ -48,7 +46,7 @@ def last_write(layout: SessionLayout, memory: Memory, state: SessionState) -> in
 
 
 def deadline(layout: SessionLayout, memory: Memory, state: SessionState) -> int | None:
-    """When the session ends (µs), by its TTL in session mode or its idle_ttl; None: never."""
+    """When the session ends (µs), by the rule `StoreOptions.session_limit` names; None: never."""
     limit = rule(layout, state)
     if limit is None or not state.segments:
         return None
