@@ -181,6 +181,20 @@ class SessionNotFoundError(CitadelSessionError, LookupError):
     """An operator command named a session that holds no live item."""
 
 
+class InvalidOwnerError(CitadelSessionError, ValueError):
+    """An owner (the person a session is about) that cannot be stored: empty, over 256 bytes of
+    UTF-8, or holding a lone surrogate. The message names where the value came from."""
+
+
+class OwnerMismatchError(CitadelSessionError, ValueError):
+    """A session was given another owner than the one its file records; nothing was read or
+    written. Changing a session's owner is explicit: `store.set_owner` or `owner set`."""
+
+
+class OwnerNotFoundError(CitadelSessionError, LookupError):
+    """A privacy request named an owner the file holds no session of, and never erased."""
+
+
 class SessionNotEmptyError(CitadelSessionError, ValueError):
     """An import into a session that holds items other than this import's; nothing was written."""
 

@@ -35,11 +35,24 @@ USAGE_COUNTS = ("requests", "input_tokens", "output_tokens", "total_tokens")
 
 class History:
     """The history of session `session_id` in `file`, written with the session's own `retention`
-    (its TTL mode and idle time, None: the file's), on its current `branch`."""
+    (its TTL mode and idle time, None: the file's), on its current `branch`, about `owner` (the
+    person; None: the session's own, if any)."""
 
-    def __init__(self, file: SharedFile, session_id: str, retention: SessionOptions | None) -> None:
-        self._file, self.session_id, self.retention = file, session_id, retention
+    def __init__(
+        self, file: SharedFile, session_id: str, retention: SessionOptions | None, owner: str | None = None
+    ) -> None:
+        self._shared, self.session_id, self.retention, self.owner = file, session_id, retention, owner
+        self._claimed = owner is None
         self.branch = MAIN
+
+    @property
+    def _file(self) -> SharedFile:
+        """The file, once the owner is claimed: the first call that touches the session records
+        the owner, or raises `OwnerMismatchError` before anything is read or written."""
+        if not self._claimed:
+            self._shared.call(ops.CLAIM_OWNER, self.session_id, self.owner)
+            self._claimed = True
+        return self._shared
 
     def key(self, branch: str | None = None) -> SessionKey:
         """The file's key of a branch of this session (None: the current one)."""
@@ -56,7 +69,7 @@ class History:
         return decode_items(self._file.call(ops.NEWEST, self.key(branch), limit))
 
     def add_items(self, items: list[Any], max_items: int | None) -> None:
-        batch = encode_batch(items, self.expires_at(), max_items, self.retention)
+        batch = encode_batch(items, self.expires_at(), max_items, self.retention, self.owner)
         self._file.call(ops.APPEND, self.key(), batch)
 
     def pop_item(self) -> Any | None:

@@ -69,11 +69,37 @@ class SessionSummary:
     items: int
     first_write: datetime
     last_write: datetime
+    owner: str | None = None  # the person the session is about, if one was given
 
     @classmethod
-    def from_micros(cls, session_id: str, items: int, first: int, last: int) -> SessionSummary:
+    def from_micros(
+        cls, session_id: str, items: int, first: int, last: int, owner: str | None = None
+    ) -> SessionSummary:
         """From the file's figures: the first and last write in microseconds since the epoch."""
-        return cls(session_id, items, _utc(first), _utc(last))
+        return cls(session_id, items, _utc(first), _utc(last), owner)
+
+
+@dataclass(frozen=True)
+class OwnerErasure:
+    """One person's erasure (`CitadelSessionStore.erase_owner`): each of their sessions with its
+    receipt. `sessions` is empty when an earlier run had already erased everything
+    (`already_complete`)."""
+
+    owner: str
+    sessions: list[tuple[str, Erasure]]
+    already_complete: bool = False
+
+    @property
+    def items_erased(self) -> int:
+        return sum(erasure.items_erased for _, erasure in self.sessions)
+
+    @property
+    def readback_confirmed(self) -> bool:
+        """Whether Citadel read back every erased item of every session as missing."""
+        return all(erasure.readback_confirmed for _, erasure in self.sessions)
+
+    def __repr__(self) -> str:  # the owner is personal data: an error tracker's frames keep reprs
+        return f"OwnerErasure(sessions={len(self.sessions)}, items_erased={self.items_erased})"
 
 
 def _utc(micros: int) -> datetime:

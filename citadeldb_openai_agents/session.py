@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import BranchError, CitadelSessionError, ForkedStoreError, SessionClosedError
 from .history import complete_despite_cancellation
-from .options import SessionOptions, TtlMode, check_max_items
+from .options import SessionOptions, TtlMode, check_max_items, check_owner
 from .results import Erasure, HistoryHit
 from .store import FileStore
 
@@ -72,23 +72,18 @@ class CitadelSession:
         max_items: int | None = None,
         ttl_mode: TtlMode | None = None,
         idle_ttl: float | None = None,
+        owner: str | None = None,
     ) -> None:
         try:
             self._max_items = check_max_items(max_items)
+            self.owner = None if owner is None else check_owner(owner, "CitadelSession's owner=")
             own = SessionOptions.of(ttl_mode=ttl_mode, idle_ttl=idle_ttl)
             if not isinstance(session_id, str):
                 raise TypeError(f"session_id must be a str, not {type(session_id).__name__}")
             if store is not None:
-                given = [
-                    name
-                    for name, value in (
-                        ("db_path", db_path),
-                        ("key", key),
-                        ("embedder", embedder),
-                        ("ttl", ttl),
-                    )
-                    if value is not None
-                ]
+                passed = (("db_path", db_path), ("key", key), ("embedder", embedder), ("ttl", ttl))
+                given = [name for name, value in passed if value is not None]
+                del passed  # it holds the passphrase: error trackers record a failed frame's locals
                 if given:
                     raise TypeError(
                         f"CitadelSession(store=...) takes its file and settings from the store; "
@@ -105,7 +100,7 @@ class CitadelSession:
         self.session_id = session_id
         self._session_settings = session_settings
         self._store = store
-        self._history = store._history(session_id, None if own == SessionOptions() else own)
+        self._history = store._history(session_id, None if own == SessionOptions() else own, self.owner)
         self._closed = False
         self.on_run_context = on_run_context
 
@@ -460,12 +455,15 @@ class CitadelSessionStore(FileStore):
         max_items: int | None = None,
         ttl_mode: TtlMode | None = None,
         idle_ttl: float | None = None,
+        owner: str | None = None,
     ) -> CitadelSession:
         """A session (created on its first write); `WrongShardError` for another shard's.
-        `on_run_context`, and `max_items`, `ttl_mode`, `idle_ttl` in place of the store's: as
-        `CitadelSession` takes them."""
+        `on_run_context`, and `max_items`, `ttl_mode`, `idle_ttl` in place of the store's, and
+        `owner` (the person it is about): as `CitadelSession` takes them."""
         self._check_open()
         self._file.check_shard(session_id)
+        if owner is not None:
+            owner = check_owner(owner, "store.session's owner=")
         settings = self.session_settings if session_settings is None else session_settings
         session = CitadelSession(
             session_id,
@@ -474,6 +472,7 @@ class CitadelSessionStore(FileStore):
             max_items=max_items,
             ttl_mode=ttl_mode,
             idle_ttl=idle_ttl,
+            owner=owner,
         )
         session.on_run_context = on_run_context
         return session

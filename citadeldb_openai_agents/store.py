@@ -14,13 +14,20 @@ from typing import TYPE_CHECKING, Any
 from . import options as checks
 from .embedders.protocol import EmbedderIdentity
 from .embedders.providers import resolve_embedder
-from .errors import KEY_ARGUMENT, SessionClosedError, SessionNotFoundError, WrongPassphraseError
+from .errors import (
+    KEY_ARGUMENT,
+    OwnerNotFoundError,
+    SessionClosedError,
+    SessionNotFoundError,
+    WrongPassphraseError,
+)
 from .history import History
-from .options import Argon2Profile, SessionOptions, StoreOptions, SyncMode, TtlMode
+from .options import Argon2Profile, SessionOptions, StoreOptions, SyncMode, TtlMode, check_owner
 from .results import (
     Erasure,
     IntegrityReport,
     MoveSummary,
+    OwnerErasure,
     Progress,
     PurgeReport,
     SessionExport,
@@ -196,16 +203,69 @@ class FileStore:
             confirm({session_id: found[0] for session_id, found in counts.items() if found is not None})
         return [(session_id, self.erase_session(session_id)) for session_id in ids]
 
-    def sessions(self) -> list[SessionSummary]:
-        """Every session holding a live item: its id, item count and first and last write."""
+    def sessions(self, *, owner: str | None = None, owned: bool | None = None) -> list[SessionSummary]:
+        """Every session holding a live item: its id, item count, first and last write, owner.
+
+        `owner` lists only that person's sessions; `owned=False` those that have no owner
+        (`owned=True`: those that have one). Chosen from the file's records before any session
+        is read: one owner's few sessions in a file of thousands are listed quickly.
+        """
         self._check_open()
-        return [SessionSummary.from_micros(*found) for found in self._file.call(ops.SUMMARIES)]
+        if owner is not None:
+            owner = check_owner(owner, "sessions' owner=")
+        return [SessionSummary.from_micros(*found) for found in self._file.call(ops.SUMMARIES, owner, owned)]
+
+    def set_owner(self, session_ids: str | list[str], owner: str) -> list[str]:
+        """Record `owner` as the owner of each session (a session changes owner only this way, or
+        with `owner set`); returns the ids whose owner changed. Every id is checked first:
+        `SessionNotFoundError` naming those the file does not hold, and nothing changed."""
+        self._check_open()
+        owner = check_owner(owner, "set_owner's owner")
+        ids = list(dict.fromkeys([session_ids] if isinstance(session_ids, str) else session_ids))
+        unknown = [session_id for session_id in ids if self._file.call(ops.SUMMARY, session_id) is None]
+        if unknown:
+            raise self._not_found(*unknown, done="no owner was changed.")
+        return [sid for sid in ids if self._file.call(ops.SET_OWNER, sid, owner) == "changed"]
+
+    def erase_owner(self, owner: str, *, progress: Progress | None = None) -> OwnerErasure:
+        """Erase every session of one person (a GDPR art. 17 / CCPA deletion request), keys
+        destroyed, each with Citadel's readback; one receipt for the person.
+
+        The erasure is noted in the file before the first session goes: a crash leaves each
+        session whole or erased, and calling it again erases what is left, then reports the
+        erasure complete (`already_complete`) instead of not found. `progress(done, total)` is
+        called once the erasure is noted, then after each session.
+
+        Raises:
+            OwnerNotFoundError: the file holds no session of `owner` and never erased one.
+        """
+        self._check_open()
+        owner = check_owner(owner, "erase_owner's owner")
+        session_ids, began_before = self._file.call(ops.BEGIN_OWNER_ERASURE, owner)
+        if not session_ids and not began_before:
+            raise OwnerNotFoundError(
+                f"{self.path} holds no session of this owner, and never erased one; nothing was "
+                "erased. Check the owner's spelling (owners are case-sensitive), or list them: "
+                "`python -m citadeldb_openai_agents sessions --json`."
+            )
+        receipts = []
+        for done, session_id in enumerate(session_ids):
+            if progress is not None:
+                progress(done, len(session_ids))
+            erasure = self._file.call(ops.ERASE, session_id, None)
+            if erasure is not None:  # None: nothing live was left (its items had expired)
+                receipts.append((session_id, erasure))
+        if progress is not None:
+            progress(len(session_ids), len(session_ids))
+        return OwnerErasure(owner, receipts, already_complete=not session_ids)
 
     def summary(self, session_id: str) -> SessionSummary | None:
-        """One session's item count and first and last write; None when it holds no live item."""
+        """One session's item count, first and last write and owner; None when it holds no live item."""
         self._check_open()
         found = self._file.call(ops.SUMMARY, session_id)
-        return None if found is None else SessionSummary.from_micros(session_id, *found)
+        if found is None:
+            return None
+        return SessionSummary.from_micros(session_id, *found, self._file.call(ops.OWNER_OF, session_id))
 
     def rotate_key(self, current_key: str, new_key: str) -> None:
         """Change the file's passphrase; every session stays readable with the new one only.
@@ -402,6 +462,8 @@ class FileStore:
                 f"this CitadelSessionStore ({self.path}) is closed; open a new one to continue."
             )
 
-    def _history(self, session_id: str, retention: SessionOptions | None) -> History:
+    def _history(
+        self, session_id: str, retention: SessionOptions | None, owner: str | None = None
+    ) -> History:
         """What a `CitadelSession` of `session_id` runs its methods on (history.py)."""
-        return History(self._file, session_id, retention)
+        return History(self._file, session_id, retention, owner)

@@ -187,9 +187,10 @@ def test_a_client_must_end_sessions_by_the_owners_rules_or_adopt_them(db_path: P
             assert (adopter.ttl_mode, adopter.idle_ttl) == ("session", 3600)
             assert adopter.adopted == {"ttl_mode": "session", "idle_ttl": 3600}
             # The one options value the store holds is the adopted one, and nothing can change it.
-            assert (adopter.options.ttl, adopter.options.ttl_mode, adopter.options.idle_ttl) == (60, "session", 3600)
+            options = adopter.options
+            assert (options.ttl, options.ttl_mode, options.idle_ttl) == (60, "session", 3600)
             with pytest.raises(dataclasses.FrozenInstanceError):
-                adopter.options.idle_ttl = None  # type: ignore[misc]
+                options.idle_ttl = None  # type: ignore[misc]
 
 
 def test_two_stores_of_one_process_on_one_file_end_sessions_by_the_same_rules(make_store: Any) -> None:

@@ -120,6 +120,7 @@ def append_call(session_id: str, text: str) -> list[Any]:
         "expires_at": None,
         "max_items": None,
         "retention": None,
+        "owner": None,
     }
     return ["call", "append", [session_id, batch, uuid.uuid4().hex, False], False]
 

@@ -448,6 +448,7 @@ def test_a_batch_whose_lists_disagree_is_refused_and_writes_nothing(service: Ser
         "expires_at": None,
         "max_items": None,
         "retention": None,
+        "owner": None,
     }
     not_a_batch = ['"a"']
     for shape in (uneven, not_a_batch):

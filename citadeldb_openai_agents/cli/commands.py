@@ -25,9 +25,9 @@ from ..config import (
     restore_from_config,
     verify_from_config,
 )
-from ..options import DEFAULT_SYNC_MODE
-from . import receipts, render
-from .opening import Refused, open_store, settings_of, warnings_printed
+from ..options import DEFAULT_SYNC_MODE, check_owner
+from . import owners, receipts, render
+from .opening import Refused, open_store, settings_of, usage, warnings_printed
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -89,8 +89,10 @@ def init(args: argparse.Namespace) -> int:
 
 
 def sessions(args: argparse.Namespace) -> int:
+    if args.owner is not None:
+        check_owner(args.owner, "--owner")
     with open_store(args) as store:
-        summaries = store.sessions()
+        summaries = store.sessions(owner=args.owner, owned=False if args.unowned else None)
         path = store.path
     if args.json:
         render.print_json([render.summary_dict(summary) for summary in summaries])
@@ -100,6 +102,10 @@ def sessions(args: argparse.Namespace) -> int:
 
 
 def erase(args: argparse.Namespace) -> int:
+    if args.owner is not None:
+        return owners.erase_owner(args)
+    if not args.session_ids:
+        usage("name the sessions to erase, or --owner for every session of one person")
     with open_store(args) as store:
         path = store.path
         erased_at = datetime.now(timezone.utc)

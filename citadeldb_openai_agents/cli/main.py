@@ -16,7 +16,7 @@ from typing import Any
 from .. import __version__
 from ..config import CitadelSettings
 from ..errors import CitadelSessionError, ConfigurationError, CorruptDatabaseError, DatabaseLockedError
-from . import commands, migration, moving
+from . import commands, migration, moving, owners
 from .opening import Refused
 
 
@@ -93,6 +93,7 @@ def _add_operations(subcommands: Any) -> None:
     _add_reads(add, as_json)
     _add_import(add, as_json)
     _add_erasures(add, as_json)
+    owners.add_owner_command(add, as_json)
     _add_file_operations(add, as_json)
     _add_ring(add, as_json)
 
@@ -112,13 +113,17 @@ def _add_init(add: Any, as_json: Any) -> None:
 
 def _add_reads(add: Any, as_json: Any) -> None:
     """sessions and export: what the file holds."""
-    add(
+    sessions = add(
         "sessions",
-        "list every session with its item count and first and last write",
-        "store.sessions()",
+        "list every session with its item count, first and last write, and owner",
+        "store.sessions(owner=...)",
         "Times are UTC.",
         as_json,
-    ).set_defaults(run=commands.sessions)
+    )
+    which = sessions.add_mutually_exclusive_group()
+    which.add_argument("--owner", help="only the sessions of this person")
+    which.add_argument("--unowned", action="store_true", help="only the sessions that have no owner")
+    sessions.set_defaults(run=commands.sessions)
 
     export = add(
         "export",
@@ -129,13 +134,15 @@ def _add_reads(add: Any, as_json: Any) -> None:
         "JSON Lines file per session and an index.json in the directory --out names. --format "
         "sqlite: the sessions in the new file --out names, which agents.SQLiteSession reads as its "
         "own. Files are created with mode 600, and an existing one is never overwritten (nothing "
-        "is written then). Exit 1 for an unknown session id, 2 for a usage error.",
+        "is written then). --owner X --out DIR: every session of one person (an access request). "
+        "Exit 1 for an unknown session id or owner, 2 for a usage error.",
         as_json,
     )
     export.add_argument("session_ids", metavar="SESSION_ID", nargs="*", help="a session to export")
     export.add_argument(
         "--all", action="store_true", dest="every_session", help="export every session (with --out)"
     )
+    export.add_argument("--owner", help="export every session of this person (with --out DIR)")
     export.add_argument(
         "--out",
         metavar="PATH",
@@ -198,13 +205,16 @@ def _add_erasures(add: Any, as_json: Any) -> None:
     erase = add(
         "erase",
         "erase sessions cryptographically and print the receipt",
-        "store.erase_sessions(session_ids)",
-        "Every id is checked first: if one is unknown, nothing is erased (exit 1). Asks for "
-        "confirmation on a terminal; without a terminal, --yes is required. Exit 1 when a "
-        "readback does not confirm the erasure.",
+        "store.erase_sessions(session_ids); store.erase_owner(owner)",
+        "Every id is checked first: if one is unknown, nothing is erased (exit 1). --owner X "
+        "erases every session of one person, with one receipt (exit 1 for an owner the file never "
+        "held; run it again after an interruption to finish). Asks for confirmation on a "
+        "terminal; without a terminal, --yes is required. Exit 1 when a readback does not "
+        "confirm the erasure.",
         as_json,
     )
-    erase.add_argument("session_ids", metavar="SESSION_ID", nargs="+")
+    erase.add_argument("session_ids", metavar="SESSION_ID", nargs="*")
+    erase.add_argument("--owner", help="erase every session of this person instead")
     erase.add_argument("-y", "--yes", action="store_true", help="erase without asking")
     erase.set_defaults(run=commands.erase)
 

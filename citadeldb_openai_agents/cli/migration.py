@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from .. import export_all, export_sqlite, import_file
+from ..options import check_owner
 from ..results import ExportSummary
 from . import render
 from .opening import Refused, open_new_or_existing, open_store, settings_of, usage
@@ -22,14 +23,14 @@ def export(args: argparse.Namespace) -> int:
     never be answered with everyone's history by a misplaced argument.
     """
     _check_export_arguments(args)
-    session_ids = None if args.every_session else list(args.session_ids)
+    session_ids = None if args.every_session or args.owner else list(args.session_ids)
     if args.format == "jsonl" and session_ids is not None and len(session_ids) == 1:
         return _export_one(args, session_ids[0])
     with open_store(args) as store, render.progress_bar("exporting", enabled=not args.json) as progress:
         if args.format == "sqlite":
             summary = export_sqlite(store, args.out, session_ids, progress=progress)
         else:
-            summary = export_all(store, args.out, session_ids, progress=progress)
+            summary = export_all(store, args.out, session_ids, owner=args.owner, progress=progress)
         path = store.path
     if args.json:
         render.print_json(render.export_dict(path, summary))
@@ -48,6 +49,15 @@ def _check_export_arguments(args: argparse.Namespace) -> None:
             "session id: export --format sqlite --out DEST.db SESSION_ID... (every session: --all "
             "instead of the ids). Nothing was written."
         )
+    if args.owner is not None:
+        check_owner(args.owner, "--owner")
+        if args.session_ids or args.every_session or args.format != "jsonl" or args.out is None:
+            usage(
+                "an access request is exported alone, as JSON Lines, into a new directory: "
+                "export --owner X --out DIR (no session ids, no --all, no --format sqlite). "
+                "Nothing was written."
+            )
+        return
     if args.every_session and args.session_ids:
         usage(
             "--all exports every session: give session ids or --all, not both (a directory is given "

@@ -123,6 +123,7 @@ def summary_dict(summary: SessionSummary) -> dict[str, Any]:
         "items": summary.items,
         "first_write": summary.first_write.isoformat(),
         "last_write": summary.last_write.isoformat(),
+        "owner": summary.owner,
     }
 
 
@@ -268,14 +269,23 @@ def print_sessions(path: str, summaries: list[SessionSummary]) -> None:
     if not summaries:
         print(f"no sessions in {path}")
         return
-    rows = [(shown_id(s.session_id), str(s.items), utc(s.first_write), utc(s.last_write)) for s in summaries]
-    header = ("SESSION", "ITEMS", "FIRST WRITE (UTC)", "LAST WRITE (UTC)")
+    rows = [
+        (shown_id(s.session_id), str(s.items), utc(s.first_write), utc(s.last_write), _owner(s.owner))
+        for s in summaries
+    ]
+    header = ("SESSION", "ITEMS", "FIRST WRITE (UTC)", "LAST WRITE (UTC)", "OWNER")
     width = max(len(row[0]) for row in [header, *rows])
     items_width = max(len(row[1]) for row in [header, *rows])
+    owned = any(s.owner is not None for s in summaries)  # a file without owners shows no column
     for row in [header, *rows]:
-        print(f"{row[0]:<{width}}  {row[1]:>{items_width}}  {row[2]:<19}  {row[3]}")
+        line = f"{row[0]:<{width}}  {row[1]:>{items_width}}  {row[2]:<19}  {row[3]}"
+        print(f"{line:<{width + items_width + 44}}  {row[4]}" if owned else line)
     total = sum(s.items for s in summaries)
     print(f"{count(len(summaries), 'session')}, {count(total, 'item')} in {path}")
+
+
+def _owner(owner: str | None) -> str:
+    return "-" if owner is None else shown_id(owner)
 
 
 def import_dict(path: str, report: ImportReport) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ..errors import ImportSourceError, SessionNotEmptyError, SessionNotFoundError
+from ..errors import ImportSourceError, OwnerNotFoundError, SessionNotEmptyError, SessionNotFoundError
 from ..results import ExportSummary, ImportReport, ImportSummary, Progress, SessionExport
 from ..session import CitadelSessionStore
 from ..transfer.chunks import CHUNK, IMPORT_MODES, ImportMode, as_stored, plan
@@ -123,19 +123,31 @@ def export_all(
     directory: str | os.PathLike[str],
     session_ids: list[str] | None = None,
     *,
+    owner: str | None = None,
     progress: Progress | None = None,
 ) -> ExportSummary:
-    """Write each session (default: every one) to its own JSON Lines file in `directory`, mode 600.
+    """Write each session (default: every one; with `owner`, every one of that person: an access
+    request) to its own JSON Lines file in `directory`, mode 600.
 
-    File names are safe whatever the id (jsonl.py); ``index.json`` maps them to the ids.
-    Every target is checked first: if one exists, nothing is written.
+    File names are safe whatever the id (jsonl.py); ``index.json`` maps them to the ids, with
+    each session's owner, first and last write and item count. Every target is checked first:
+    if one exists, nothing is written.
 
     Raises:
         ExportExistsError: a target file exists; nothing was written.
         SessionNotFoundError: a named session holds no live item; nothing was written.
+        OwnerNotFoundError: the file holds no session of `owner`; nothing was written.
     """
-    ids = store.session_ids() if session_ids is None else [s.session_id for s in _named(store, session_ids)]
-    written = write_session_files(directory, ids, store.export_session, progress)
+    if owner is not None and session_ids is not None:
+        raise ValueError("export_all takes session_ids or owner, not both")
+    if owner is not None:
+        summaries = store.sessions(owner=owner)
+        if not summaries:
+            raise OwnerNotFoundError(f"{store.path} holds no session of this owner; nothing was exported.")
+    else:
+        summaries = store.sessions() if session_ids is None else _named(store, session_ids)
+    about = {summary.session_id: summary for summary in summaries}
+    written = write_session_files(directory, list(about), store.export_session, progress, about)
     return ExportSummary(
         str(Path(directory).expanduser().absolute()),
         {sid: count for sid, (_, count) in written.items()},

@@ -11,13 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 from ..errors import ExportExistsError, ImportSourceError
-from ..results import Progress, SessionExport
+from ..results import Progress, SessionExport, SessionSummary
 
 INDEX = "index.json"
 _READABLE = 48  # characters of the escaped id kept in a file name, before its digest
@@ -80,8 +80,10 @@ def write_session_files(
     session_ids: list[str],
     read: Callable[[str], SessionExport],
     progress: Progress | None = None,
+    about: Mapping[str, SessionSummary] | None = None,
 ) -> dict[str, tuple[str, int]]:
     """Write each session's items to its own file in `directory`, and the index; mode 600.
+    A session `about` describes has its owner and first and last write in its index entry.
 
     A session's other branches get a file each too, and its index entry its stored usage.
     Every target is checked before anything is written: if one exists, nothing is.
@@ -110,8 +112,10 @@ def write_session_files(
             entry: dict[str, Any] = {"file": name, "session_id": session_id, "items": len(rows)}
             if branch != "main":
                 entry["branch"] = branch
-            elif session.reserved:
-                entry["used_branch_names"] = session.reserved  # deleted branches' too
+            else:
+                entry |= _described((about or {}).get(session_id))
+                if session.reserved:
+                    entry["used_branch_names"] = session.reserved  # deleted branches' too
             used = [{"user_turn_number": turn, **usage} for b, turn, usage in session.usage if b == branch]
             if used:
                 entry["usage"] = used
@@ -121,6 +125,16 @@ def write_session_files(
             progress(done, len(session_ids))
     _write_new(folder / INDEX, json_line(index))
     return written
+
+
+def _described(summary: SessionSummary | None) -> dict[str, Any]:
+    if summary is None:
+        return {}
+    return {
+        "owner": summary.owner,
+        "first_write": summary.first_write.isoformat(),
+        "last_write": summary.last_write.isoformat(),
+    }
 
 
 def _write_new(path: Path, data: bytes) -> None:

@@ -17,9 +17,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Generic, TypeVar
 
-from ..options import SessionOptions
+from ..errors import InvalidOwnerError
+from ..options import SessionOptions, check_owner
 from ..results import EndedSession, Erasure, IntegrityReport, PageLayout, PurgeReport, SessionIntegrity
-from ..storage import branches, reads, suffix, writes
+from ..storage import branches, data_owners, reads, suffix, writes
 from ..storage import usage as usage_store
 from ..storage.codec import Batch
 from ..storage.local_file import LocalFile
@@ -196,6 +197,14 @@ def _session_options(value: Any) -> SessionOptions:
         raise ProtocolError(str(exc)) from None
 
 
+def owner(value: Any) -> str:
+    """An owner, checked as the store checks its arguments."""
+    try:
+        return check_owner(text(value), "the wire's owner")
+    except InvalidOwnerError as exc:
+        raise ProtocolError(str(exc)) from None
+
+
 _BATCH = record(
     Batch,
     payloads=many(text),
@@ -204,6 +213,7 @@ _BATCH = record(
     expires_at=optional(whole),
     max_items=optional(whole),
     retention=optional(_session_options),
+    owner=optional(owner),
 )
 
 
@@ -339,8 +349,26 @@ ERASE = Operation[Erasure | None](
 SESSION_IDS = Operation[list[str]](
     "session_ids", LocalFile.session_ids, (), ITEMS, resend=True, session=False
 )
-SUMMARIES = Operation[list[tuple[str, int, int, int]]](
-    "summaries", LocalFile.summaries, (), many(pair(S, N, N, N)), resend=True, reports=True, session=False
+SUMMARIES = Operation[list[tuple[str, int, int, int, str | None]]](
+    "summaries",
+    LocalFile.summaries,
+    (optional(owner), optional(flag)),
+    many(pair(S, N, N, N, optional(text))),
+    resend=True,
+    reports=True,
+    session=False,
+)
+# A session's owner (data_owners.py): recorded on its first call, or changed explicitly.
+CLAIM_OWNER = Operation[None]("claim_owner", data_owners.claim, (S, owner), nothing, resend=True)
+SET_OWNER = Operation[str]("set_owner", data_owners.set_owner, (S, owner), text, resend=True)
+OWNER_OF = Operation[str | None]("owner_of", data_owners.recorded, (S,), optional(text), resend=True)
+BEGIN_OWNER_ERASURE = Operation[tuple[list[str], bool]](
+    "begin_owner_erasure",
+    LocalFile.begin_owner_erasure,
+    (owner,),
+    pair(ITEMS, flag),
+    resend=True,
+    session=False,
 )
 PURGE = Operation[PurgeReport](
     "purge", LocalFile.purge, (), _PURGE, resend=True, reports=True, to_wire=_plain, session=False
@@ -379,6 +407,10 @@ OPERATIONS: dict[str, Operation[Any]] = {
         ERASE,
         SESSION_IDS,
         SUMMARIES,
+        CLAIM_OWNER,
+        SET_OWNER,
+        OWNER_OF,
+        BEGIN_OWNER_ERASURE,
         PURGE,
         VERIFY,
         BACKUP,

@@ -60,7 +60,9 @@ class Batch:
     the user said it (`from_user`), in order; `expires_at` (µs since the epoch) for all
     of them, or None; `max_items`: the most items the session keeps once they are written
     (the oldest beyond it are erased in the same call), or None; `retention`: the session's
-    own TTL mode and idle time, kept in its record from this write on (retention.py), or None.
+    own TTL mode and idle time, kept in its record from this write on (retention.py), or None;
+    `owner`: the person the session is about, recorded by the write if the session has none
+    (data_owners.py), or None.
     """
 
     payloads: list[str]
@@ -69,6 +71,7 @@ class Batch:
     expires_at: int | None = None
     max_items: int | None = None
     retention: SessionOptions | None = None
+    owner: str | None = None
 
     def __post_init__(self) -> None:
         if not len(self.payloads) == len(self.texts) == len(self.from_user):
@@ -89,10 +92,11 @@ def encode_batch(
     expires_at: int | None = None,
     max_items: int | None = None,
     retention: SessionOptions | None = None,
+    owner: str | None = None,
 ) -> Batch:
     """Items as the file stores them (`InvalidItemError` naming the first that is not JSON)."""
     payloads = [encode_item(item, position) for position, item in enumerate(items)]
-    return replace(_batch(payloads, items, expires_at), max_items=max_items, retention=retention)
+    return replace(_batch(payloads, items, expires_at), max_items=max_items, retention=retention, owner=owner)
 
 
 def batch_of_payloads(payloads: list[str], expires_at: int | None = None) -> Batch:

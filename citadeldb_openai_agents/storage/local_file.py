@@ -33,7 +33,7 @@ from ..errors import (
 )
 from ..options import StoreOptions
 from ..results import EndedSession, IntegrityReport, Progress, PurgeReport, ReembedSummary, SessionIntegrity
-from . import reads, registry, retention, suffix, writes
+from . import data_owners, reads, registry, retention, suffix, writes
 from .audit import ATOM_KEYS, check_before_memory
 from .completeness import now_micros
 from .engine import OpenDatabase, database_options
@@ -119,11 +119,20 @@ class LocalFile:
         states = self._layout.states()
         return sorted({s.session_id for s in states if self._on_state(s, _listed, reads.has_live_item)})
 
-    def summaries(self, progress: Progress | None = None) -> list[tuple[str, int, int, int]]:
-        """(id, items, first, last write) of every session holding an item (its branches' counted
-        with it), sorted by id."""
+    def summaries(
+        self, owner: str | None = None, owned: bool | None = None, progress: Progress | None = None
+    ) -> list[tuple[str, int, int, int, str | None]]:
+        """(id, items, first, last write, owner) of every session holding an item (its branches'
+        counted with it), sorted by id. Only `owner`'s, or (`owned`) those with or without an
+        owner: chosen from the records this process holds, before any session is read."""
+        layout = self._layout
+        states = [
+            state
+            for state in layout.states()
+            if _owner_matches(data_owners.owner_of(layout, state), owner, owned)
+        ]
         found: dict[str, tuple[int, int, int]] = {}
-        for state, summary in self._each(_listed, progress, reads.summary):
+        for state, summary in self._each(_listed, progress, reads.summary, states=states):
             if summary:
                 held = found.get(state.session_id)
                 found[state.session_id] = (
@@ -131,7 +140,16 @@ class LocalFile:
                     if held is None
                     else (held[0] + summary[0], min(held[1], summary[1]), max(held[2], summary[2]))
                 )
-        return sorted((session_id, *summary) for session_id, summary in found.items())
+        return sorted(
+            (session_id, *summary, data_owners.owner_of(layout, layout.state(session_id)))
+            for session_id, summary in found.items()
+        )
+
+    def begin_owner_erasure(self, owner: str) -> tuple[list[str], bool]:
+        """The ids of `owner`'s sessions, and whether an erasure of theirs began before (noted in
+        the file first: data_owners.begin_erasure)."""
+        with self._database.operation() as memory:
+            return data_owners.begin_erasure(self._layout, memory, owner)
 
     def purge(self, progress: Progress | None = None) -> PurgeReport:
         """Erase the sessions past their TTL (session mode) or idle time, each with a receipt, then
@@ -279,15 +297,23 @@ class LocalFile:
             return operation(self._layout, memory, state, *args)
 
     def _each(
-        self, operation: Callable[..., T], progress: Progress | None, *args: Any
+        self,
+        operation: Callable[..., T],
+        progress: Progress | None,
+        *args: Any,
+        states: list[SessionState] | None = None,
     ) -> list[tuple[SessionState, T]]:
-        states = self._layout.states()
+        states = self._layout.states() if states is None else states
         done = []
         for number, state in enumerate(states, 1):
             done.append((state, self._on_state(state, operation, *args)))
             if progress is not None:
                 progress(number, len(states))
         return done
+
+
+def _owner_matches(found: str | None, owner: str | None, owned: bool | None) -> bool:
+    return (owner is None or found == owner) and (owned is None or (found is not None) == owned)
 
 
 def _listed(layout: SessionLayout, memory: Memory, state: SessionState, read: Callable[..., T]) -> T | None:

@@ -97,6 +97,10 @@ class CatalogRecord:
     usage: bool = False
     # A branch being created (its items copied, branches.py): erased on open if a crash cut it off.
     copying: bool = False
+    # MAIN's record: the person the session is about (data_owners.py), and when that was recorded
+    # (µs). Inside the encrypted record, as the session id is: no file holds it in plain text.
+    owner: str | None = None
+    owner_since: int | None = None
 
     def to_payload(self) -> dict[str, Any]:
         payload: dict[str, Any] = {
@@ -119,6 +123,8 @@ class CatalogRecord:
             payload["usage"] = True
         if self.copying:
             payload["copying"] = True
+        if self.owner is not None:
+            payload["owner"], payload["owner_since"] = self.owner, self.owner_since
         try:
             self.session_id.encode("utf-8")
             payload["session"] = self.session_id
@@ -148,6 +154,8 @@ class CatalogRecord:
             branches=list(payload.get("branches", ())),
             usage=bool(payload.get("usage")),
             copying=bool(payload.get("copying")),
+            owner=payload.get("owner"),
+            owner_since=payload.get("owner_since"),
         )
 
 

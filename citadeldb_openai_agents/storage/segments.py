@@ -30,6 +30,8 @@ the region's size (a pop at 10,000 atoms: ~90 ms). Seeking from a known id
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import re
 import secrets
@@ -159,6 +161,7 @@ class SessionLayout:
             self._meta_id = memory.remember(
                 META_REGION, {"kind": META_KIND, "text": "layout", "payload": meta}
             )
+        self._meta = dict(meta)
         recorded = EmbedderIdentity(**meta["embedder"])
         if recorded != self.identity:
             raise self._mismatch(f"it records {recorded.model_id!r} (dim {recorded.dim}, {recorded.metric})")
@@ -217,6 +220,24 @@ class SessionLayout:
         meta["format"] = LAYOUT_FORMAT
         memory.update_atom_payload(META_REGION, self._meta_id, meta)
         logger.info("upgraded %s to layout format %d", self.path, LAYOUT_FORMAT)
+
+    @property
+    def meta(self) -> Mapping[str, Any]:
+        """The layout record's values, as this process last read or wrote them."""
+        return self._meta
+
+    def update_meta(self, memory: Memory, **values: Any) -> None:
+        """Store the layout record with these values changed (data_owners.py keeps its own there)."""
+        with self._states_lock:
+            meta = {**self._meta, **values}
+            memory.update_atom_payload(META_REGION, self._meta_id, meta)
+            self._meta = meta
+
+    def keyed(self, purpose: bytes, text: str) -> str:
+        """`text`'s salted HMAC for `purpose`, keyed apart from session ids: reveals nothing, and
+        confirms no guess, without the file's salt."""
+        key = hmac.new(self._salt, purpose, hashlib.sha256).digest()
+        return hmac.new(key, text.encode("utf-8"), hashlib.sha256).hexdigest()[:32]
 
     def hid(self, session_id: str, branch: str = MAIN) -> str:
         """The session's (or branch's) region-name stem: reveals nothing without the file's salt."""

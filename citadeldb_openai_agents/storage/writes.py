@@ -14,7 +14,7 @@ from citadeldb.memory import Memory
 
 from ..embedders.protocol import embed_documents
 from ..results import Erasure
-from . import retention, search_upkeep, usage
+from . import data_owners, retention, search_upkeep, usage
 from .codec import (
     BATCH_KIND,
     ITEM_KIND,
@@ -43,12 +43,11 @@ def append(
     batch_id: str | None = None,
     resent: bool = False,
 ) -> None:
-    """Store one batch atomically, in one segment.
+    """Store one batch atomically, in one segment (its owner checked first: a mismatch writes nothing).
 
-    With `batch_id` (an id another process chose), a write marker holding it is stored in
-    the same commit: if that process sends the batch again (`resent`), not knowing
-    whether the owner wrote it before dying, `committed` finds it and it is not
-    written twice.
+    With `batch_id` (an id another process chose), a write marker holding it is stored in the
+    same commit: if that process sends the batch again (`resent`), not knowing whether the owner
+    wrote it before dying, `committed` finds it and it is not written twice.
 
     Every item that is not the user's is embedded with the latest user message before it:
     a query matches the user's question better than the reply that answers it
@@ -59,6 +58,7 @@ def append(
         if batch.max_items is not None:  # the owner that wrote it may have died before trimming
             trim(layout, memory, state, batch.max_items)
         return
+    data_owners.keep(layout, memory, state, batch.owner)
     retention.keep(layout, memory, state, batch.retention)
     contextual, question = in_contexts(last_question(layout, memory, state), batch.texts, batch.from_user)
     vectors = embed_documents(layout.embedder, contextual)

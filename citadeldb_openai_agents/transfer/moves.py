@@ -7,7 +7,8 @@ The order is what makes it safe to interrupt anywhere:
    interrupted run wrote, and a chunk sent twice is written once;
 2. compare: both files are read back, and the target must hold exactly the source's items,
    branch by branch, as the JSON text they are stored as (order and key order included),
-   and each turn's usage;
+   and each turn's usage; then the session's owner is recorded in the target (another owner
+   recorded there refuses the move: `OwnerMismatchError`, nothing erased);
 3. erase: the source erases the session, every branch and MAIN last, with its receipt,
    only if it still holds the items and usage compared (their `session_digest`, checked with
    every branch's lock held by the file's owner, storage/branches.py `erase_all`).
@@ -148,6 +149,7 @@ def _move(
             f"{_items(_count(copied))} (or usage) that differ from the {total} of {source.path} "
             f"(something else wrote to it); nothing was erased from {source.path}. {_FIX}"
         )
+    _carry_owner(source, target, session_id)
     try:
         erasure = source.call(ops.ERASE, session_id, session_digest(found.source, usage))
     except MoveConflictError as exc:
@@ -157,6 +159,14 @@ def _move(
             "or, if items were popped or erased at the source, refuses until the target's copy is erased."
         ) from None
     return MoveSummary(session_id, source.path, target.path, total, total - start, start, erasure)
+
+
+def _carry_owner(source: SharedFile, target: SharedFile, session_id: str) -> None:
+    """The session's owner recorded in the target before the source erases it: the person's
+    erasure must find it there (`OwnerMismatchError` if the target records another person)."""
+    owner = source.call(ops.OWNER_OF, session_id)
+    if owner is not None:
+        target.call(ops.CLAIM_OWNER, session_id, owner)
 
 
 def _read(source: SharedFile, target: SharedFile, session_id: str) -> _Held:

@@ -1,0 +1,481 @@
+"""A person, not only a session (issue 44): a session's owner, given when it is made, recorded
+encrypted; one person's sessions listed and erased with one receipt, an erasure that a SIGKILL
+cannot leave half-done and that running again finishes; an owner that cannot be stored refused
+with the place it came from. In one process, through an owner process, and on the wire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agents import Agent, Runner
+from agents.testing import ScriptedModel, assistant_message
+
+from citadeldb_openai_agents import (
+    CitadelSession,
+    CitadelSessionStore,
+    InvalidOwnerError,
+    OwnerMismatchError,
+    OwnerNotFoundError,
+    SessionNotFoundError,
+    export_all,
+    restore_backup,
+)
+from citadeldb_openai_agents.cli.main import main
+from citadeldb_openai_agents.serving.operations import BEGIN_OWNER_ERASURE, CLAIM_OWNER, ProtocolError, batch
+
+from conftest import KEY
+
+MakeStore = Callable[..., CitadelSessionStore]
+
+
+def said(*texts: str) -> list[Any]:
+    return [{"role": "user", "content": text} for text in texts]
+
+
+def write(store: CitadelSessionStore, session_id: str, *texts: str, owner: str | None = None) -> None:
+    asyncio.run(store.session(session_id, owner=owner).add_items(said(*texts)))
+
+
+def listed(store: CitadelSessionStore, **which: Any) -> list[tuple[str, str | None]]:
+    return [(found.session_id, found.owner) for found in store.sessions(**which)]
+
+
+def test_a_sessions_owner_is_recorded_and_lists_pick_one_person_or_nobody(make_store: MakeStore) -> None:
+    store = make_store()
+    write(store, "alice-phone", "hi", owner="alice")
+    write(store, "alice-web", "hello", owner="alice")
+    write(store, "bob-1", "hey", owner="bob")
+    write(store, "anon", "who am I")
+    assert listed(store) == [
+        ("alice-phone", "alice"),
+        ("alice-web", "alice"),
+        ("anon", None),
+        ("bob-1", "bob"),
+    ]
+    assert listed(store, owner="alice") == [("alice-phone", "alice"), ("alice-web", "alice")]
+    assert listed(store, owned=False) == [("anon", None)]
+    assert listed(store, owned=True) == [("alice-phone", "alice"), ("alice-web", "alice"), ("bob-1", "bob")]
+    assert listed(store, owner="carol") == []
+    store.close()
+    with make_store() as again:  # the owner is in the file, not in this process
+        assert listed(again, owner="bob") == [("bob-1", "bob")]
+
+
+def test_the_owner_never_appears_in_plain_text_in_any_file(make_store: MakeStore, db_path: Path) -> None:
+    owner, other = "zq-owner-7731@example.com", "xv-owner-4402@example.com"
+    with make_store() as store:
+        write(store, "s1", "some words", owner=owner)
+        store.set_owner("s1", other)
+        write(store, "s2", "more words", owner=owner)
+    files = [path for path in db_path.parent.rglob("*") if path.is_file()]
+    assert files
+    for path in files:
+        data = path.read_bytes()
+        for name in (owner, other):
+            assert name.encode() not in data and name.encode("utf-16-le") not in data, path
+
+
+def test_an_owner_given_to_a_session_that_has_none_is_recorded(make_store: MakeStore) -> None:
+    store = make_store()
+    write(store, "old", "written before owners")
+    assert asyncio.run(store.session("old", owner="dana").get_items()) == said("written before owners")
+    assert listed(store, owner="dana") == [("old", "dana")]
+
+
+def test_another_owner_than_the_recorded_one_raises_before_anything_is_read_or_written(
+    make_store: MakeStore,
+) -> None:
+    store = make_store()
+    write(store, "s", "mine", owner="alice")
+    intruder = store.session("s", owner="mallory")
+    with pytest.raises(OwnerMismatchError, match="nothing was read or written") as refused:
+        asyncio.run(intruder.get_items())
+    assert "alice" not in str(refused.value)  # the recorded owner is not told to whoever guessed wrong
+    with pytest.raises(OwnerMismatchError):
+        asyncio.run(intruder.add_items(said("not mine")))
+    with pytest.raises(OwnerMismatchError):
+        asyncio.run(intruder.pop_item())
+    with pytest.raises(OwnerMismatchError):
+        asyncio.run(intruder.clear_session())
+    assert asyncio.run(store.session("s").get_items()) == said("mine")
+    assert listed(store) == [("s", "alice")]
+
+
+def test_the_owner_stays_when_a_session_is_emptied_and_written_again(make_store: MakeStore) -> None:
+    store = make_store()
+    session = store.session("s", owner="alice")
+    asyncio.run(session.add_items(said("one")))
+    asyncio.run(session.pop_item())  # the last item: the session's record goes with it
+    asyncio.run(session.add_items(said("two")))
+    asyncio.run(session.clear_session())
+    asyncio.run(session.add_items(said("three")))
+    assert listed(store) == [("s", "alice")]
+
+
+def test_changing_an_owner_is_explicit_and_checks_every_id_first(make_store: MakeStore) -> None:
+    store = make_store()
+    write(store, "a", "x", owner="alice")
+    write(store, "b", "y")
+    with pytest.raises(SessionNotFoundError, match="no owner was changed"):
+        store.set_owner(["a", "b", "ghost"], "carol")
+    assert listed(store) == [("a", "alice"), ("b", None)]
+    assert store.set_owner(["a", "b", "a"], "carol") == ["a", "b"]
+    assert store.set_owner("a", "carol") == []  # already hers
+    assert listed(store) == [("a", "carol"), ("b", "carol")]
+    # The old owner's handle now refuses: the change is the file's, not this object's.
+    with pytest.raises(OwnerMismatchError):
+        asyncio.run(store.session("a", owner="alice").get_items())
+
+
+def test_erase_owner_erases_every_session_of_one_person_and_nothing_else(make_store: MakeStore) -> None:
+    store = make_store()
+    for number in range(3):
+        write(store, f"alice-{number}", f"alice said {number}", f"and more {number}", owner="alice")
+    write(store, "bob", "alice said 1", owner="bob")  # a near-duplicate of hers stays
+    write(store, "nobody", "no owner")
+    erased = store.erase_owner("alice")
+    assert [session_id for session_id, _ in erased.sessions] == ["alice-0", "alice-1", "alice-2"]
+    assert erased.items_erased == 6 and erased.readback_confirmed and not erased.already_complete
+    assert all(receipt.items_erased == 2 and receipt.readback_confirmed for _, receipt in erased.sessions)
+    assert "alice" not in repr(erased)
+    assert listed(store) == [("bob", "bob"), ("nobody", None)]
+    assert asyncio.run(store.session("alice-1").get_items()) == []
+    assert asyncio.run(store.session("bob").get_items()) == said("alice said 1")
+    assert asyncio.run(store.session("nobody").get_items()) == said("no owner")
+    again = store.erase_owner("alice")  # complete: said so, not "not found"
+    assert again.already_complete and again.sessions == []
+    store.close()
+    with make_store() as reopened:
+        assert reopened.erase_owner("alice").already_complete
+
+
+def test_an_owner_the_file_never_held_is_not_found_and_nothing_changes(make_store: MakeStore) -> None:
+    store = make_store()
+    write(store, "s", "kept", owner="alice")
+    with pytest.raises(OwnerNotFoundError, match="nothing was erased"):
+        store.erase_owner("Alice")  # owners are case-sensitive
+    assert listed(store) == [("s", "alice")]
+
+
+@pytest.mark.parametrize(
+    ("owner", "says"),
+    [
+        ("", "cannot be empty"),
+        ("  ", "cannot be empty"),
+        ("é" * 129, "at most 256 bytes"),
+        ("a\ud800", "surrogate"),
+    ],
+)
+def test_an_owner_that_cannot_be_stored_is_refused_naming_where_it_came_from(
+    make_store: MakeStore, db_path: Path, owner: str, says: str
+) -> None:
+    store = make_store()
+    write(store, "s", "kept", owner="alice")
+    calls: list[tuple[str, Callable[[], object]]] = [
+        ("store.session's owner=", lambda: store.session("t", owner=owner)),
+        ("CitadelSession's owner=", lambda: CitadelSession("t", store=store, owner=owner)),
+        ("sessions' owner=", lambda: store.sessions(owner=owner)),
+        ("set_owner's owner", lambda: store.set_owner("s", owner)),
+        ("erase_owner's owner", lambda: store.erase_owner(owner)),
+    ]
+    for source, call in calls:
+        with pytest.raises(InvalidOwnerError, match=says) as refused:
+            call()
+        assert str(refused.value).startswith(f"{source}: "), refused.value
+    assert listed(store) == [("s", "alice")]
+    assert asyncio.run(store.session("s").get_items()) == said("kept")
+
+
+def test_an_owner_is_exactly_256_bytes_at_most(make_store: MakeStore) -> None:
+    store = make_store()
+    write(store, "s", "x", owner="é" * 128)  # 256 bytes
+    assert listed(store, owner="é" * 128) == [("s", "é" * 128)]
+
+
+def test_a_runner_turn_writes_under_the_owner_and_the_next_conversation_is_his_too(
+    make_store: MakeStore,
+) -> None:
+    store = make_store()
+    agent = Agent(
+        name="assistant",
+        model=ScriptedModel([[assistant_message("Noted.")], [assistant_message("Hello again.")]]),
+    )
+    first = store.session("conv-1", owner="user-42")
+    asyncio.run(Runner.run(agent, "my locker code is 2210", session=first))
+    second = store.session("conv-2", owner="user-42")
+    asyncio.run(Runner.run(agent, "hello", session=second))
+    assert listed(store, owner="user-42") == [("conv-1", "user-42"), ("conv-2", "user-42")]
+    assert store.erase_owner("user-42").items_erased == 4
+    assert store.sessions() == []
+
+
+# -- through an owner process ----------------------------------------------------------------
+
+SERVING = textwrap.dedent(
+    """
+    import sys
+    from citadeldb_openai_agents import CitadelSessionStore
+    store = CitadelSessionStore(sys.argv[1], sys.argv[2], argon2_profile="iot")
+    print("ready", flush=True)
+    sys.stdin.read()
+    """
+)
+
+
+def test_every_owner_call_works_on_a_live_file_through_its_owner_process(db_path: Path) -> None:
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVING, str(db_path), KEY],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None and server.stdout.readline() == "ready\n"
+        with CitadelSessionStore(db_path, KEY) as client:
+            assert client.served_by == server.pid
+            write(client, "a", "one", owner="alice")
+            write(client, "b", "two", owner="bob")
+            with pytest.raises(OwnerMismatchError):
+                asyncio.run(client.session("a", owner="bob").get_items())
+            assert listed(client, owner="alice") == [("a", "alice")]
+            assert client.set_owner("b", "carol") == ["b"]
+            erased = client.erase_owner("alice")
+            assert [session_id for session_id, _ in erased.sessions] == ["a"] and erased.readback_confirmed
+            assert listed(client) == [("b", "carol")]
+            with pytest.raises(OwnerNotFoundError):
+                client.erase_owner("nobody")
+    finally:
+        server.kill()
+        server.wait(timeout=30)
+
+
+@pytest.mark.parametrize("owner", ["", "x" * 257, 7, None])
+def test_a_wire_owner_that_the_store_would_refuse_is_a_protocol_error(owner: Any) -> None:
+    wired = {"payloads": ["{}"], "texts": [""], "from_user": [False], "expires_at": None}
+    wired |= {"max_items": None, "retention": None, "owner": owner}
+    if owner is None:
+        assert batch(wired).owner is None  # no owner is a valid batch
+        with pytest.raises(ProtocolError):
+            CLAIM_OWNER.arguments(["s", owner])
+        return
+    with pytest.raises(ProtocolError):
+        batch(wired)
+    with pytest.raises(ProtocolError):
+        CLAIM_OWNER.arguments(["s", owner])
+    with pytest.raises(ProtocolError):
+        BEGIN_OWNER_ERASURE.arguments([owner])
+
+
+# -- a SIGKILL at any moment -----------------------------------------------------------------
+
+ERASING = textwrap.dedent(
+    """
+    import sys
+    from citadeldb_openai_agents import CitadelSessionStore
+    store = CitadelSessionStore(sys.argv[1], sys.argv[2], argon2_profile="iot")
+    store.erase_owner("alice", progress=lambda done, total: print(done, flush=True))
+    print("finished", flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("killed_after", [0, 1, 4])
+def test_an_erasure_killed_leaves_each_session_whole_or_erased_and_a_rerun_finishes(
+    make_store: MakeStore, db_path: Path, killed_after: int
+) -> None:
+    with make_store() as store:
+        for number in range(8):
+            write(store, f"alice-{number}", *(f"alice {number}.{i}" for i in range(5)), owner="alice")
+        write(store, "bob", "bob's", owner="bob")
+    eraser = subprocess.Popen(
+        [sys.executable, "-c", ERASING, str(db_path), KEY], stdout=subprocess.PIPE, text=True
+    )
+    assert eraser.stdout is not None
+    for _ in range(killed_after + 1):  # "0" once the erasure is noted, then one line a session
+        assert eraser.stdout.readline().strip().isdigit()
+    eraser.send_signal(signal.SIGKILL)
+    eraser.wait(timeout=30)
+    with make_store() as store:
+        for number in range(8):
+            held = asyncio.run(store.session(f"alice-{number}").get_items())
+            assert held in ([], said(*(f"alice {number}.{i}" for i in range(5)))), held
+        assert asyncio.run(store.session("bob").get_items()) == said("bob's")
+        left = len(store.sessions(owner="alice"))
+        assert left <= 8 - killed_after
+        rerun = store.erase_owner("alice")
+        assert len(rerun.sessions) == left and rerun.readback_confirmed
+        assert store.sessions(owner="alice") == [] and listed(store) == [("bob", "bob")]
+        assert store.erase_owner("alice").already_complete
+
+
+# -- the operator's commands -----------------------------------------------------------------
+
+
+@pytest.fixture
+def configured(tmp_path: Path, clean_environment: None, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A configuration in the working directory, and a file with two people's sessions and one of nobody's."""
+    (tmp_path / "citadel.toml").write_text('path = "agent.cdl"\nargon2_profile = "iot"\n', encoding="utf-8")
+    monkeypatch.setenv("CITADEL_KEY", KEY)
+    with CitadelSessionStore(tmp_path / "agent.cdl", KEY, argon2_profile="iot") as store:
+        write(store, "alice-phone", "one", "two", owner="alice")
+        write(store, "alice-web", "three", owner="alice")
+        write(store, "bob", "four", owner="bob")
+        write(store, "anon", "five")
+    return tmp_path / "agent.cdl"
+
+
+def test_the_cli_lists_one_persons_sessions_or_nobodys(configured: Path, capsys: Any) -> None:
+    assert main(["sessions", "--owner", "alice", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [(row["session_id"], row["owner"], row["items"]) for row in shown] == [
+        ("alice-phone", "alice", 2),
+        ("alice-web", "alice", 1),
+    ]
+    assert main(["sessions", "--unowned"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["SESSION", "ITEMS", "FIRST", "WRITE", "(UTC)", "LAST", "WRITE", "(UTC)"]
+    assert lines[1].startswith("anon ") and lines[2] == f"1 session, 1 item in {configured}"
+    assert main(["sessions"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].endswith("OWNER") and table[1].endswith("  alice") and table[3].endswith("  -")
+
+
+def test_the_cli_erases_one_person_with_one_receipt_and_says_when_it_is_complete(
+    configured: Path, capsys: Any
+) -> None:
+    assert main(["erase", "--owner", "alice", "--yes", "--json"]) == 0
+    receipt = json.loads(capsys.readouterr().out)
+    assert receipt["owner"] == "alice" and receipt["items_erased"] == 3 and receipt["readback_confirmed"]
+    assert [s["session_id"] for s in receipt["sessions"]] == ["alice-phone", "alice-web"]
+    assert all(s["readback_confirmed"] and s["algorithm"] for s in receipt["sessions"])
+    assert main(["erase", "--owner", "alice", "--yes"]) == 0
+    assert (
+        capsys.readouterr().out
+        == f"the erasure of owner 'alice' is complete: {configured} holds none of their sessions\n"
+    )
+    assert main(["erase", "--owner", "zed", "--yes"]) == 1
+    assert (
+        "holds no session of this owner, and never erased one; nothing was erased" in capsys.readouterr().err
+    )
+    with CitadelSessionStore(configured, KEY) as store:
+        assert listed(store) == [("anon", None), ("bob", "bob")]
+
+
+def test_the_cli_refuses_a_bad_owner_or_a_mixed_request_and_changes_nothing(
+    configured: Path, capsys: Any
+) -> None:
+    for argv in (
+        ["erase", "--owner", "", "--yes"],
+        ["sessions", "--owner", "x" * 257],
+        ["owner", "set", "anon", "--owner", " "],
+    ):
+        assert main(argv) == 1
+        assert capsys.readouterr().err.startswith("error: --owner: "), argv
+    with pytest.raises(SystemExit) as usage:
+        main(["erase", "--owner", "bob", "anon", "--yes"])
+    assert usage.value.code == 2
+    with pytest.raises(SystemExit):
+        main(["sessions", "--owner", "bob", "--unowned"])
+    with CitadelSessionStore(configured, KEY) as store:
+        assert len(store.sessions()) == 4
+
+
+def test_the_cli_changes_an_owner_explicitly(configured: Path, capsys: Any) -> None:
+    assert main(["owner", "set", "anon", "bob", "--owner", "bob"]) == 0
+    assert capsys.readouterr().out == "recorded the owner of 1 session; 1 session already had it\n"
+    assert main(["owner", "set", "ghost", "anon", "--owner", "carol"]) == 1
+    assert "no owner was changed" in capsys.readouterr().err
+    with CitadelSessionStore(configured, KEY) as store:
+        assert listed(store, owner="bob") == [("anon", "bob"), ("bob", "bob")]
+
+
+# -- owners travel with their sessions -------------------------------------------------------
+
+
+def test_a_moved_session_keeps_its_owner_and_the_persons_erasure_finds_it_there(
+    make_store: MakeStore, tmp_path: Path
+) -> None:
+    source, target = make_store(), make_store(tmp_path / "other.cdl")
+    write(source, "a", "one", "two", owner="alice")
+    write(source, "b", "three", owner="bob")
+    moved = source.move_sessions(["a", "b"], target)
+    assert [summary.session_id for summary in moved] == ["a", "b"]
+    assert listed(target) == [("a", "alice"), ("b", "bob")] and listed(source) == []
+    assert [session_id for session_id, _ in target.erase_owner("alice").sessions] == ["a"]
+
+
+def test_a_move_into_a_session_of_another_owner_is_refused_and_erases_nothing(
+    make_store: MakeStore, tmp_path: Path
+) -> None:
+    source, target = make_store(), make_store(tmp_path / "other.cdl")
+    write(source, "a", "one", owner="alice")
+    write(target, "a", "one", owner="mallory")  # the same item under the same id, another person's
+    with pytest.raises(OwnerMismatchError):
+        source.move_sessions(["a"], target)
+    assert listed(source) == [("a", "alice")] and listed(target) == [("a", "mallory")]
+
+
+def test_a_restored_backup_keeps_owners_and_never_brings_an_erased_person_back(
+    make_store: MakeStore, tmp_path: Path
+) -> None:
+    ledger = tmp_path / "ledger.jsonl"
+    store = make_store(erasure_ledger=ledger)
+    write(store, "a", "alice's", owner="alice")
+    write(store, "b", "bob's", owner="bob")
+    store.backup(tmp_path / "backup.cdl")
+    store.erase_owner("alice")
+    store.close()
+    restore_backup(tmp_path / "backup.cdl", tmp_path / "restored.cdl", KEY, erasure_ledger=ledger)
+    with make_store(tmp_path / "restored.cdl", erasure_ledger=ledger) as restored:
+        assert listed(restored) == [("b", "bob")]
+        assert asyncio.run(restored.session("a").get_items()) == []
+
+
+# -- an access request -----------------------------------------------------------------------
+
+
+def test_an_access_request_exports_every_session_of_one_person_and_nothing_of_another(
+    make_store: MakeStore, tmp_path: Path
+) -> None:
+    store = make_store()
+    write(store, "alice-phone", "alice's secret", "more of hers", owner="alice")
+    write(store, "alice-web", "alice again", owner="alice")
+    write(store, "bob", "bob's secret", owner="bob")
+    summary = export_all(store, tmp_path / "request", owner="alice")
+    assert summary.sessions == {"alice-phone": 2, "alice-web": 1}
+    files = sorted((tmp_path / "request").iterdir())
+    assert all(path.stat().st_mode & 0o777 == 0o600 for path in files)
+    assert not any(b"bob" in path.read_bytes() for path in files)
+    index = json.loads((tmp_path / "request" / "index.json").read_text())
+    assert [(entry["session_id"], entry["owner"], entry["items"]) for entry in index] == [
+        ("alice-phone", "alice", 2),
+        ("alice-web", "alice", 1),
+    ]
+    assert all(entry["first_write"] <= entry["last_write"] for entry in index)
+    with pytest.raises(OwnerNotFoundError):
+        export_all(store, tmp_path / "nobody", owner="carol")
+    assert not (tmp_path / "nobody").exists()
+
+
+def test_the_cli_answers_an_access_request_into_a_new_directory(configured: Path, capsys: Any) -> None:
+    assert main(["export", "--owner", "alice", "--out", "request", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["sessions"] == {"alice-phone": 2, "alice-web": 1}
+    index = json.loads((configured.parent / "request" / "index.json").read_text())
+    assert {entry["owner"] for entry in index} == {"alice"}
+    assert main(["export", "--owner", "zed", "--out", "other"]) == 1
+    assert not (configured.parent / "other").exists()
+    for argv in (["export", "--owner", "alice"], ["export", "--owner", "alice", "bob", "--out", "x"]):
+        with pytest.raises(SystemExit) as usage:
+            main(argv)
+        assert usage.value.code == 2
+    assert not (configured.parent / "x").exists()
