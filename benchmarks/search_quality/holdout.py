@@ -2,6 +2,7 @@
 
     python benchmarks/search_quality/holdout.py                # all-MiniLM-L6-v2, three parts (~10 min here)
     python benchmarks/search_quality/holdout.py --quick        # MockEmbedder, 100-item sessions: CI smoke
+    python benchmarks/search_quality/holdout.py --short        # the sessions as written, not padded (~1 min)
 
 Three labelled parts, in the format of dataset.json:
 
@@ -17,7 +18,9 @@ Three labelled parts, in the format of dataset.json:
 
 For each part, every session is padded with the same generated small talk as
 evaluate.py to 1,000 items, and all of them go into one file of 10,000 items (the
-tuning part's six sessions get four sessions of small talk alone beside them). Then:
+tuning part's six sessions get four sessions of small talk alone beside them); with
+--short, the part's sessions go into one file as written (20 to 42 items each: short
+sessions, as in issue 44's evaluation). Then:
 
 * package: ``await session.search(q, limit=5)`` through the public API, timed (query
   embedding included): recall@1, recall@5, MRR, by where the answer lives (a user
@@ -219,9 +222,12 @@ class Emulation:
         return scores * (weight / best) if best > 0 else scores
 
 
-def padded_part(dataset: Dataset, per_session: int) -> tuple[dict[str, Session], list[Query]]:
+def padded_part(dataset: Dataset, per_session: int | None) -> tuple[dict[str, Session], list[Query]]:
     """The part's sessions padded to `per_session` items, small-talk sessions beside them up to
-    FILE_ITEMS / 1,000 * per_session items in all, and the queries' answers moved along."""
+    FILE_ITEMS / 1,000 * per_session items in all, and the queries' answers moved along; None:
+    the part's sessions as written, alone."""
+    if per_session is None:
+        return dict(dataset.sessions), list(dataset.queries)
     sessions = {sid: padded(s, per_session) for sid, s in dataset.sessions.items()}
     for number in range(len(sessions), FILE_ITEMS // 1_000):
         sessions[f"small-talk-{number}"] = padded(Session(f"small-talk-{number}", []), per_session)
@@ -262,7 +268,7 @@ async def package_run(
 
 
 async def evaluate_part(
-    name: str, embedder: MemoisedEmbedder, per_session: int, directory: str, quick: bool
+    name: str, embedder: MemoisedEmbedder, per_session: int | None, directory: str, quick: bool
 ) -> dict[str, Any]:
     dataset = load_dataset(PARTS[name])
     sessions, queries = padded_part(dataset, per_session)
@@ -329,7 +335,7 @@ def report(parts: list[dict[str, Any]], embedder: str) -> str:
 async def run(args: argparse.Namespace) -> int:
     embedder_name = "mock" if args.quick else args.embedder
     embedder = MemoisedEmbedder(make_embedder(embedder_name))
-    per_session = 100 if args.quick else 1_000
+    per_session = None if args.short else 100 if args.quick else 1_000
     with tempfile.TemporaryDirectory() as directory:
         parts = [
             await evaluate_part(name, embedder, per_session, directory, args.quick) for name in args.parts
@@ -343,6 +349,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="MockEmbedder, 100-item sessions, no ablations")
+    parser.add_argument("--short", action="store_true", help="the sessions as written, not padded")
     parser.add_argument("--embedder", default="minilm", choices=["mock", "minilm"])
     parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS))
     sys.exit(asyncio.run(run(parser.parse_args())))
