@@ -186,6 +186,10 @@ class InvalidOwnerError(CitadelSessionError, ValueError):
     UTF-8, or holding a lone surrogate. The message names where the value came from."""
 
 
+class InvalidLabelsError(CitadelSessionError, ValueError):
+    """A session's labels that are not a small JSON object of short keys and scalar values."""
+
+
 class OwnerMismatchError(CitadelSessionError, ValueError):
     """A session was given another owner than the one its file records; nothing was read or
     written. Changing a session's owner is explicit: `store.set_owner` or `owner set`."""

@@ -39,18 +39,24 @@ class History:
     person; None: the session's own, if any)."""
 
     def __init__(
-        self, file: SharedFile, session_id: str, retention: SessionOptions | None, owner: str | None = None
+        self,
+        file: SharedFile,
+        session_id: str,
+        retention: SessionOptions | None,
+        owner: str | None = None,
+        labels: dict[str, Any] | None = None,
     ) -> None:
-        self._shared, self.session_id, self.retention, self.owner = file, session_id, retention, owner
-        self._claimed = owner is None
+        self._shared, self.session_id, self.retention = file, session_id, retention
+        self.owner, self.labels = owner, labels
+        self._claimed = owner is None and labels is None
         self.branch = MAIN
 
     @property
     def _file(self) -> SharedFile:
         """The file, once the owner is claimed: the first call that touches the session records
-        the owner, or raises `OwnerMismatchError` before anything is read or written."""
+        the owner (and labels), or raises `OwnerMismatchError` before anything is read or written."""
         if not self._claimed:
-            self._shared.call(ops.CLAIM_OWNER, self.session_id, self.owner)
+            self._shared.call(ops.CLAIM_OWNER, self.session_id, self.owner, self.labels)
             self._claimed = True
         return self._shared
 
@@ -69,7 +75,7 @@ class History:
         return decode_items(self._file.call(ops.NEWEST, self.key(branch), limit))
 
     def add_items(self, items: list[Any], max_items: int | None) -> None:
-        batch = encode_batch(items, self.expires_at(), max_items, self.retention, self.owner)
+        batch = encode_batch(items, self.expires_at(), max_items, self.retention, self.owner, self.labels)
         self._file.call(ops.APPEND, self.key(), batch)
 
     def pop_item(self) -> Any | None:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal, get_args
 
-from .errors import EmptyPassphraseError, InvalidOwnerError
+from .errors import EmptyPassphraseError
 
 Argon2Profile = Literal["iot", "desktop", "server"]
 SyncMode = Literal["full", "normal", "off"]
@@ -179,30 +179,6 @@ def check_passphrase(key: Any) -> str:
         del key  # bytes holding the passphrase: error trackers record a failed frame's locals
         raise TypeError(f"the passphrase must be a str, not {kind}")
     return key
-
-
-OWNER_MAX_BYTES = 256
-
-
-def check_owner(owner: Any, source: str = "owner") -> str:
-    """An owner (the person a session is about) as the file stores it; `InvalidOwnerError`
-    naming `source` (the argument, setting or option it came from) otherwise."""
-    if not isinstance(owner, str):
-        raise InvalidOwnerError(f"{source}: an owner must be a str, not {type(owner).__name__}")
-    if not owner.strip():
-        raise InvalidOwnerError(f"{source}: an owner cannot be empty; name the person the session is about")
-    try:
-        size = len(owner.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise InvalidOwnerError(
-            f"{source}: the owner holds a lone surrogate, which is not text any file can store"
-        ) from None
-    if size > OWNER_MAX_BYTES:
-        raise InvalidOwnerError(
-            f"{source}: an owner is at most {OWNER_MAX_BYTES} bytes of UTF-8, this one is {size}; "
-            "use a stable id for the person (a user id), not a description"
-        )
-    return owner
 
 
 def _absolute(path: Any) -> str:

@@ -70,13 +70,20 @@ class SessionSummary:
     first_write: datetime
     last_write: datetime
     owner: str | None = None  # the person the session is about, if one was given
+    labels: dict[str, Any] | None = None  # the session's labels, if it was given some
 
     @classmethod
     def from_micros(
-        cls, session_id: str, items: int, first: int, last: int, owner: str | None = None
+        cls,
+        session_id: str,
+        items: int,
+        first: int,
+        last: int,
+        owner: str | None = None,
+        labels: dict[str, Any] | None = None,
     ) -> SessionSummary:
         """From the file's figures: the first and last write in microseconds since the epoch."""
-        return cls(session_id, items, _utc(first), _utc(last), owner)
+        return cls(session_id, items, _utc(first), _utc(last), owner, labels)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import BranchError, CitadelSessionError, ForkedStoreError, SessionClosedError
 from .history import complete_despite_cancellation
-from .options import SessionOptions, TtlMode, check_max_items, check_owner
+from .options import SessionOptions, TtlMode, check_max_items
+from .people import check_labels, check_owner, owner_by_pattern
 from .results import Erasure, HistoryHit
 from .store import FileStore
 
@@ -73,10 +74,12 @@ class CitadelSession:
         ttl_mode: TtlMode | None = None,
         idle_ttl: float | None = None,
         owner: str | None = None,
+        labels: dict[str, Any] | None = None,
     ) -> None:
         try:
             self._max_items = check_max_items(max_items)
             self.owner = None if owner is None else check_owner(owner, "CitadelSession's owner=")
+            self.labels = None if labels is None else check_labels(labels, "CitadelSession's labels=")
             own = SessionOptions.of(ttl_mode=ttl_mode, idle_ttl=idle_ttl)
             if not isinstance(session_id, str):
                 raise TypeError(f"session_id must be a str, not {type(session_id).__name__}")
@@ -100,7 +103,9 @@ class CitadelSession:
         self.session_id = session_id
         self._session_settings = session_settings
         self._store = store
-        self._history = store._history(session_id, None if own == SessionOptions() else own, self.owner)
+        self._history = store._history(
+            session_id, None if own == SessionOptions() else own, self.owner, self.labels
+        )
         self._closed = False
         self.on_run_context = on_run_context
 
@@ -441,6 +446,9 @@ class CitadelSessionStore(FileStore):
         max_items: The most items a session keeps: each `add_items` erases the oldest beyond it,
             as `pop_item` erases (keys destroyed). None: no cap. `session(...)` may give a session
             its own ``max_items``, ``ttl_mode`` and ``idle_ttl``.
+        owner_pattern: A regular expression with a group named ``owner`` that finds the person
+            in a session id (``^(?P<owner>[^:]+):``): `session(id)` given no ``owner`` takes the
+            one it finds, and `apply_owner_pattern` records it for sessions written before.
 
     Stores on one file in one process share one open database (another passphrase is refused);
     every process on it needs the same passphrase, TTL rules, embedder, sync mode and ledger, or adopts them.
@@ -456,14 +464,18 @@ class CitadelSessionStore(FileStore):
         ttl_mode: TtlMode | None = None,
         idle_ttl: float | None = None,
         owner: str | None = None,
+        labels: dict[str, Any] | None = None,
     ) -> CitadelSession:
         """A session (created on its first write); `WrongShardError` for another shard's.
         `on_run_context`, and `max_items`, `ttl_mode`, `idle_ttl` in place of the store's, and
-        `owner` (the person it is about): as `CitadelSession` takes them."""
+        `owner` (the person it is about; given none, the one `owner_pattern` finds in the id) and
+        `labels`: as `CitadelSession` takes them."""
         self._check_open()
         self._file.check_shard(session_id)
         if owner is not None:
             owner = check_owner(owner, "store.session's owner=")
+        elif self.owner_pattern is not None:  # a new session follows the rule when none is given
+            owner = owner_by_pattern(self.owner_pattern, session_id)
         settings = self.session_settings if session_settings is None else session_settings
         session = CitadelSession(
             session_id,
@@ -473,6 +485,7 @@ class CitadelSessionStore(FileStore):
             ttl_mode=ttl_mode,
             idle_ttl=idle_ttl,
             owner=owner,
+            labels=labels,
         )
         session.on_run_context = on_run_context
         return session

@@ -7,6 +7,7 @@ and hands every operation to its file (serving/shared_file.py). Sessions call it
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -16,13 +17,15 @@ from .embedders.protocol import EmbedderIdentity
 from .embedders.providers import resolve_embedder
 from .errors import (
     KEY_ARGUMENT,
+    OwnerMismatchError,
     OwnerNotFoundError,
     SessionClosedError,
     SessionNotFoundError,
     WrongPassphraseError,
 )
 from .history import History
-from .options import Argon2Profile, SessionOptions, StoreOptions, SyncMode, TtlMode, check_owner
+from .options import Argon2Profile, SessionOptions, StoreOptions, SyncMode, TtlMode
+from .people import check_owner, check_owner_pattern, owner_by_pattern
 from .results import (
     Erasure,
     IntegrityReport,
@@ -75,11 +78,13 @@ class FileStore:
         max_items: int | None = None,
         ttl_mode: TtlMode | None = None,
         idle_ttl: float | None = None,
+        owner_pattern: str | re.Pattern[str] | None = None,
     ) -> None:
         wrong = None
         try:
             checks.check_passphrase(key)
             self.max_items = checks.check_max_items(max_items)
+            self.owner_pattern = check_owner_pattern(owner_pattern)
             adopted = checks.check_adopt(adopt)
             ring = Ring.of(shards, shard) if ring_file is None else RingFile.of(ring_file, shards, shard)
             self.session_settings = session_settings
@@ -227,6 +232,32 @@ class FileStore:
             raise self._not_found(*unknown, done="no owner was changed.")
         return [sid for sid in ids if self._file.call(ops.SET_OWNER, sid, owner) == "changed"]
 
+    def apply_owner_pattern(self, *, dry_run: bool = False) -> dict[str, str]:
+        """Record, for each session that has no owner, the one `owner_pattern` finds in its id;
+        return each session id changed (or, `dry_run`, that would change) with its owner. A
+        session that got an owner meanwhile keeps it. `ValueError` when no pattern is set."""
+        self._check_open()
+        if self.owner_pattern is None:
+            raise ValueError(
+                "no owner_pattern is set: give the store one (owner_pattern=, or CITADEL_OWNER_PATTERN), "
+                "e.g. ^(?P<owner>[^:]+): for ids such as user-123:phone"
+            )
+        found = {
+            s.session_id: owner_by_pattern(self.owner_pattern, s.session_id)
+            for s in self.sessions(owned=False)
+        }
+        planned = {session_id: owner for session_id, owner in found.items() if owner is not None}
+        if dry_run:
+            return planned
+        changed = {}
+        for session_id, owner in planned.items():
+            try:
+                self._file.call(ops.CLAIM_OWNER, session_id, owner, None)
+            except OwnerMismatchError:
+                continue  # another owner was recorded since the listing: an owner changes only explicitly
+            changed[session_id] = owner
+        return changed
+
     def erase_owner(self, owner: str, *, progress: Progress | None = None) -> OwnerErasure:
         """Erase every session of one person (a GDPR art. 17 / CCPA deletion request), keys
         destroyed, each with Citadel's readback; one receipt for the person.
@@ -265,7 +296,7 @@ class FileStore:
         found = self._file.call(ops.SUMMARY, session_id)
         if found is None:
             return None
-        return SessionSummary.from_micros(session_id, *found, self._file.call(ops.OWNER_OF, session_id))
+        return SessionSummary.from_micros(session_id, *found, *self._file.call(ops.ABOUT, session_id))
 
     def rotate_key(self, current_key: str, new_key: str) -> None:
         """Change the file's passphrase; every session stays readable with the new one only.
@@ -463,7 +494,11 @@ class FileStore:
             )
 
     def _history(
-        self, session_id: str, retention: SessionOptions | None, owner: str | None = None
+        self,
+        session_id: str,
+        retention: SessionOptions | None,
+        owner: str | None = None,
+        labels: dict[str, Any] | None = None,
     ) -> History:
         """What a `CitadelSession` of `session_id` runs its methods on (history.py)."""
-        return History(self._file, session_id, retention, owner)
+        return History(self._file, session_id, retention, owner, labels)

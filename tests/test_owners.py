@@ -23,11 +23,13 @@ from agents.testing import ScriptedModel, assistant_message
 from citadeldb_openai_agents import (
     CitadelSession,
     CitadelSessionStore,
+    InvalidLabelsError,
     InvalidOwnerError,
     OwnerMismatchError,
     OwnerNotFoundError,
     SessionNotFoundError,
     export_all,
+    from_config,
     restore_backup,
 )
 from citadeldb_openai_agents.cli.main import main
@@ -262,18 +264,31 @@ def test_every_owner_call_works_on_a_live_file_through_its_owner_process(db_path
 @pytest.mark.parametrize("owner", ["", "x" * 257, 7, None])
 def test_a_wire_owner_that_the_store_would_refuse_is_a_protocol_error(owner: Any) -> None:
     wired = {"payloads": ["{}"], "texts": [""], "from_user": [False], "expires_at": None}
-    wired |= {"max_items": None, "retention": None, "owner": owner}
+    wired |= {"max_items": None, "retention": None, "owner": owner, "labels": None}
     if owner is None:
-        assert batch(wired).owner is None  # no owner is a valid batch
+        assert batch(wired).owner is None  # no owner is a valid batch, and claim
+        assert CLAIM_OWNER.arguments(["s", owner, None]) == ("s", None, None)
         with pytest.raises(ProtocolError):
-            CLAIM_OWNER.arguments(["s", owner])
+            BEGIN_OWNER_ERASURE.arguments([owner])
         return
     with pytest.raises(ProtocolError):
         batch(wired)
     with pytest.raises(ProtocolError):
-        CLAIM_OWNER.arguments(["s", owner])
+        CLAIM_OWNER.arguments(["s", owner, None])
     with pytest.raises(ProtocolError):
         BEGIN_OWNER_ERASURE.arguments([owner])
+
+
+@pytest.mark.parametrize(
+    "labels", ["support", {"a": [1]}, {"": 1}, {str(n): n for n in range(17)}, {"a": "\ud800"}]
+)
+def test_wire_labels_that_the_store_would_refuse_are_a_protocol_error(labels: Any) -> None:
+    wired = {"payloads": ["{}"], "texts": [""], "from_user": [False], "expires_at": None}
+    wired |= {"max_items": None, "retention": None, "owner": None, "labels": labels}
+    with pytest.raises(ProtocolError):
+        batch(wired)
+    with pytest.raises(ProtocolError):
+        CLAIM_OWNER.arguments(["s", None, labels])
 
 
 # -- a SIGKILL at any moment -----------------------------------------------------------------
@@ -406,9 +421,10 @@ def test_a_moved_session_keeps_its_owner_and_the_persons_erasure_finds_it_there(
     make_store: MakeStore, tmp_path: Path
 ) -> None:
     source, target = make_store(), make_store(tmp_path / "other.cdl")
-    write(source, "a", "one", "two", owner="alice")
+    asyncio.run(source.session("a", owner="alice", labels={"agent": "support"}).add_items(said("one", "two")))
     write(source, "b", "three", owner="bob")
     moved = source.move_sessions(["a", "b"], target)
+    assert target.summary("a").labels == {"agent": "support"}  # type: ignore[union-attr]
     assert [summary.session_id for summary in moved] == ["a", "b"]
     assert listed(target) == [("a", "alice"), ("b", "bob")] and listed(source) == []
     assert [session_id for session_id, _ in target.erase_owner("alice").sessions] == ["a"]
@@ -479,3 +495,119 @@ def test_the_cli_answers_an_access_request_into_a_new_directory(configured: Path
             main(argv)
         assert usage.value.code == 2
     assert not (configured.parent / "x").exists()
+
+
+# -- labels ---------------------------------------------------------------------------------
+
+
+def test_a_sessions_labels_are_recorded_listed_and_exported(make_store: MakeStore, tmp_path: Path) -> None:
+    store = make_store()
+    support = store.session("s1", owner="alice", labels={"agent": "support", "tier": 2})
+    asyncio.run(support.add_items(said("help")))
+    write(store, "s2", "plain", owner="alice")
+    assert [(s.session_id, s.labels) for s in store.sessions(owner="alice")] == [
+        ("s1", {"agent": "support", "tier": 2}),
+        ("s2", None),
+    ]
+    assert store.summary("s1").labels == {"agent": "support", "tier": 2}  # type: ignore[union-attr]
+    asyncio.run(support.clear_session())
+    asyncio.run(support.add_items(said("again")))  # emptied and written again: still labelled
+    assert store.summary("s1").labels == {"agent": "support", "tier": 2}  # type: ignore[union-attr]
+    relabelled = store.session("s1", labels={"agent": "sales"})
+    asyncio.run(relabelled.get_items())
+    assert store.summary("s1").labels == {"agent": "sales"}  # type: ignore[union-attr]
+    export_all(store, tmp_path / "out", owner="alice")
+    index = json.loads((tmp_path / "out" / "index.json").read_text())
+    assert [entry["labels"] for entry in index] == [{"agent": "sales"}, None]
+
+
+@pytest.mark.parametrize(
+    ("labels", "says"),
+    [
+        ("support", "labels are a dict"),
+        ({"a": [1]}, "holds a list"),
+        ({"": 1}, "non-empty text"),
+        ({str(n): n for n in range(17)}, "at most 16 labels"),
+        ({"a": "x" * 3000}, "at most 2048 bytes"),
+        ({"a": "\ud800"}, "lone surrogate"),
+        ({"a": float("nan")}, "holds a float"),
+    ],
+)
+def test_labels_that_cannot_be_stored_are_refused_naming_where_they_came_from(
+    make_store: MakeStore, labels: Any, says: str
+) -> None:
+    store = make_store()
+    with pytest.raises(InvalidLabelsError, match=says) as refused:
+        store.session("s", labels=labels)
+    assert str(refused.value).startswith("CitadelSession's labels=: ")
+    assert store.sessions() == []
+
+
+# -- files written before owners: owner_pattern ---------------------------------------------
+
+PATTERN = "^(?P<owner>[^:]+):"
+
+
+def test_new_sessions_follow_the_pattern_and_apply_pattern_records_it_for_older_ones(
+    make_store: MakeStore,
+) -> None:
+    with make_store() as before:
+        for session_id in ("u1:phone", "u1:web", "u2:web", "no-prefix"):
+            write(before, session_id, "written before owners")
+    store = make_store(owner_pattern=PATTERN)
+    assert store.apply_owner_pattern(dry_run=True) == {"u1:phone": "u1", "u1:web": "u1", "u2:web": "u2"}
+    assert listed(store, owned=True) == []  # a dry run changes nothing
+    store.set_owner("u2:web", "someone-else")  # recorded explicitly: the pattern leaves it
+    assert store.apply_owner_pattern() == {"u1:phone": "u1", "u1:web": "u1"}
+    assert store.apply_owner_pattern() == {}
+    write(store, "u3:new", "after")  # no owner given: the rule's
+    write(store, "u4:new", "after", owner="explicit")  # given: the code's
+    assert listed(store) == [
+        ("no-prefix", None),
+        ("u1:phone", "u1"),
+        ("u1:web", "u1"),
+        ("u2:web", "someone-else"),
+        ("u3:new", "u3"),
+        ("u4:new", "explicit"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("pattern", "says"),
+    [
+        ("^(?P<owner>[^:]+", "not a regular expression"),
+        ("^([^:]+):", "no group named owner"),
+        (7, "must be a regular expression"),
+    ],
+)
+def test_a_pattern_that_does_not_compile_or_has_no_owner_group_is_refused(
+    make_store: MakeStore, pattern: Any, says: str
+) -> None:
+    with pytest.raises(InvalidOwnerError, match=says) as refused:
+        make_store(owner_pattern=pattern)
+    assert str(refused.value).startswith("owner_pattern ")
+    with make_store() as store, pytest.raises(ValueError, match="no owner_pattern is set"):
+        store.apply_owner_pattern()
+
+
+def test_the_pattern_comes_from_the_configuration_and_a_bad_one_names_its_source(
+    configured: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with CitadelSessionStore(configured, KEY) as store:
+        write(store, "carol:1", "old")
+    assert main(["owner", "apply-pattern"]) == 1  # none configured
+    assert "no owner_pattern is configured" in capsys.readouterr().err
+    monkeypatch.setenv("CITADEL_OWNER_PATTERN", "^([^:]+):")
+    assert main(["owner", "apply-pattern", "--dry-run"]) == 1
+    assert (
+        "owner_pattern (from environment variable CITADEL_OWNER_PATTERN): the value '^([^:]+):' has no group named owner"
+        in capsys.readouterr().err
+    )
+    monkeypatch.setenv("CITADEL_OWNER_PATTERN", PATTERN)
+    assert main(["owner", "apply-pattern", "--dry-run"]) == 0
+    assert capsys.readouterr().out.startswith("would record an owner for 1 session by owner_pattern in ")
+    assert main(["owner", "apply-pattern", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["changes"] == {"carol:1": "carol"}
+    with from_config() as store:
+        write(store, "dave:1", "new")
+        assert listed(store, owner="dave") == [("dave:1", "dave")]

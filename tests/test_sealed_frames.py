@@ -121,6 +121,7 @@ def append_call(session_id: str, text: str) -> list[Any]:
         "max_items": None,
         "retention": None,
         "owner": None,
+        "labels": None,
     }
     return ["call", "append", [session_id, batch, uuid.uuid4().hex, False], False]
 

@@ -449,6 +449,7 @@ def test_a_batch_whose_lists_disagree_is_refused_and_writes_nothing(service: Ser
         "max_items": None,
         "retention": None,
         "owner": None,
+        "labels": None,
     }
     not_a_batch = ['"a"']
     for shape in (uneven, not_a_batch):

@@ -32,6 +32,7 @@ CLI_ALLOWED = {
     "citadeldb_openai_agents.config",
     "citadeldb_openai_agents.errors",
     "citadeldb_openai_agents.options",
+    "citadeldb_openai_agents.people",  # the owner rules, checked on --owner before the store opens
     "citadeldb_openai_agents.results",
     "citadeldb_openai_agents.demo",
 }
@@ -44,10 +45,12 @@ LONGER = {
     "citadeldb_openai_agents.session": 500,
     # The store's file-wide public methods (listing, erasing a session or a person, import,
     # export, move, backup), each its arguments checked and one operation called.
-    "citadeldb_openai_agents.store": 500,
+    "citadeldb_openai_agents.store": 530,
     # A file open here: the file-wide operations (listings by owner, purge, verify, backup,
     # a person's erasure noted) beside the one path every session's operation takes.
     "citadeldb_openai_agents.storage.local_file": 460,
+    # Every operation declared once: its storage function, resend policy and wire shapes.
+    "citadeldb_openai_agents.serving.operations": 460,
     # Every subcommand's parser, each help naming the library call it makes.
     "citadeldb_openai_agents.cli.main": 440,
 }
@@ -57,7 +60,7 @@ DESIGN = PACKAGE.parent / "docs" / "design.md"
 # module imports only from its own layer or lower ones, counting imports made inside
 # functions and under TYPE_CHECKING too. docs/design.md states the same order.
 LAYERS = [
-    {"errors", "results", "hints", "options", "shards", "turns"},
+    {"errors", "results", "hints", "options", "people", "shards", "turns"},
     {"embedders"},
     {"storage"},
     {"serving"},

@@ -25,7 +25,8 @@ from ..config import (
     restore_from_config,
     verify_from_config,
 )
-from ..options import DEFAULT_SYNC_MODE, check_owner
+from ..options import DEFAULT_SYNC_MODE
+from ..people import check_owner
 from . import owners, receipts, render
 from .opening import Refused, open_store, settings_of, usage, warnings_printed
 

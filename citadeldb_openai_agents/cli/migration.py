@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from .. import export_all, export_sqlite, import_file
-from ..options import check_owner
+from ..people import check_owner
 from ..results import ExportSummary
 from . import render
 from .opening import Refused, open_new_or_existing, open_store, settings_of, usage

@@ -8,29 +8,38 @@ import sys
 from datetime import datetime, timezone
 from typing import Any
 
-from ..options import check_owner
+from ..people import check_owner
 from ..results import OwnerErasure
 from . import receipts, render
 from .opening import Refused, open_store, usage
 
 
 def add_owner_command(add: Any, as_json: Any) -> None:
-    """owner set: record the person sessions are about."""
+    """owner set and owner apply-pattern: record the person sessions are about."""
     owner = add(
         "owner",
         "record who sessions are about: the person a privacy request names",
-        "store.set_owner(session_ids, owner)",
-        "owner set SESSION_ID... --owner X records X as each session's owner, whatever it had. "
-        "Every id is checked first: if one is unknown, nothing changes (exit 1).",
+        "store.set_owner(session_ids, owner); store.apply_owner_pattern(dry_run=...)",
+        "owner set SESSION_ID... --owner X records X as each session's owner, whatever it had; "
+        "every id is checked first, and if one is unknown nothing changes (exit 1). owner "
+        "apply-pattern records, for each session that has none, the owner owner_pattern finds in "
+        "its id, and prints how many it changed (--dry-run: would change, changing nothing).",
         as_json,
     )
-    owner.add_argument("action", choices=["set"], help="set: record --owner as each session's owner")
-    owner.add_argument("session_ids", metavar="SESSION_ID", nargs="+")
-    owner.add_argument("--owner", required=True, help="the person (a stable id, at most 256 bytes)")
-    owner.set_defaults(run=set_owner)
+    owner.add_argument("action", choices=["set", "apply-pattern"])
+    owner.add_argument("session_ids", metavar="SESSION_ID", nargs="*")
+    owner.add_argument("--owner", help="set: the person (a stable id, at most 256 bytes)")
+    owner.add_argument("--dry-run", action="store_true", help="apply-pattern: count, change nothing")
+    owner.set_defaults(run=owner_command)
 
 
-def set_owner(args: argparse.Namespace) -> int:
+def owner_command(args: argparse.Namespace) -> int:
+    if args.action == "apply-pattern":
+        if args.session_ids or args.owner is not None:
+            usage("owner apply-pattern takes no session ids and no --owner: the pattern names the owners")
+        return _apply_pattern(args)
+    if not args.session_ids or args.owner is None or args.dry_run:
+        usage("owner set SESSION_ID... --owner X: name the sessions and the owner (no --dry-run)")
     check_owner(args.owner, "--owner")
     with open_store(args) as store:
         changed = store.set_owner(args.session_ids, args.owner)
@@ -42,6 +51,24 @@ def set_owner(args: argparse.Namespace) -> int:
     print(
         f"recorded the owner of {render.count(len(changed), 'session')}"
         + (f"; {render.count(kept, 'session')} already had it" if kept else "")
+    )
+    return 0
+
+
+def _apply_pattern(args: argparse.Namespace) -> int:
+    with open_store(args) as store:
+        if store.owner_pattern is None:
+            raise Refused("no owner_pattern is configured (set owner_pattern or CITADEL_OWNER_PATTERN)")
+        changes = store.apply_owner_pattern(dry_run=args.dry_run)
+        left = len(store.sessions(owned=False))
+        path = store.path
+    if args.json:
+        render.print_json({"database": path, "dry_run": args.dry_run, "changes": changes, "unowned": left})
+        return 0
+    verb = "would record" if args.dry_run else "recorded"
+    print(
+        f"{verb} an owner for {render.count(len(changes), 'session')} by owner_pattern in {path}; "
+        f"{render.count(left, 'session')} without an owner now"
     )
     return 0
 

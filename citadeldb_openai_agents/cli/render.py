@@ -124,6 +124,7 @@ def summary_dict(summary: SessionSummary) -> dict[str, Any]:
         "first_write": summary.first_write.isoformat(),
         "last_write": summary.last_write.isoformat(),
         "owner": summary.owner,
+        "labels": summary.labels,
     }
 
 

@@ -233,6 +233,7 @@ def open_store(
             shard=settings.shard,
             ring_file=settings.ring_file,
             max_items=settings.max_items,
+            owner_pattern=settings.owner_pattern,
             # Every field of the store's options value, by its name in the settings.
             **{option.name: getattr(settings, option.name) for option in fields(StoreOptions)},
         )

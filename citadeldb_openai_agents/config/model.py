@@ -31,8 +31,9 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, InvalidOwnerError
 from ..options import parse_duration
+from ..people import check_owner_pattern
 from ..shards import Ring, RingFile, check_shards
 from .names import (
     ENV_PREFIX,
@@ -178,6 +179,14 @@ class CitadelSettings(BaseSettings):
     )
     shard: str | None = Field(None, validate_default=True, description="this process's shard: one of shards")
 
+    # A privacy request names a person: which part of a session id is the person.
+    owner_pattern: str | None = Field(
+        None,
+        description="a regular expression with a group named owner that finds the person in a "
+        "session id, e.g. ^(?P<owner>[^:]+): ; sessions made with no owner take it, and "
+        "`owner apply-pattern` records it for those written before",
+    )
+
     # Outside the file it describes (beside the backups): what `restore` erases again.
     erasure_ledger: Path | None = Field(
         None,
@@ -282,6 +291,15 @@ class CitadelSettings(BaseSettings):
     @classmethod
     def _duration(cls, value: Any, info: ValidationInfo) -> float | None:
         return parse_duration(value, info.field_name or "ttl")
+
+    @field_validator("owner_pattern")
+    @classmethod
+    def _owner_pattern(cls, pattern: str | None) -> str | None:
+        try:
+            check_owner_pattern(pattern, "the value")
+        except InvalidOwnerError as exc:
+            raise ValueError(str(exc)) from None
+        return pattern
 
     @field_validator("shards", mode="before")
     @classmethod

@@ -132,6 +132,7 @@ def _described(summary: SessionSummary | None) -> dict[str, Any]:
         return {}
     return {
         "owner": summary.owner,
+        "labels": summary.labels,
         "first_write": summary.first_write.isoformat(),
         "last_write": summary.last_write.isoformat(),
     }

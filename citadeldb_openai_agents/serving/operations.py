@@ -17,8 +17,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Generic, TypeVar
 
-from ..errors import InvalidOwnerError
-from ..options import SessionOptions, check_owner
+from ..errors import InvalidLabelsError, InvalidOwnerError
+from ..options import SessionOptions
+from ..people import check_labels, check_owner
 from ..results import EndedSession, Erasure, IntegrityReport, PageLayout, PurgeReport, SessionIntegrity
 from ..storage import branches, data_owners, reads, suffix, writes
 from ..storage import usage as usage_store
@@ -205,6 +206,14 @@ def owner(value: Any) -> str:
         raise ProtocolError(str(exc)) from None
 
 
+def labels(value: Any) -> dict[str, Any]:
+    """A session's labels, checked as the store checks its arguments."""
+    try:
+        return check_labels(value, "the wire's labels")
+    except InvalidLabelsError as exc:
+        raise ProtocolError(str(exc)) from None
+
+
 _BATCH = record(
     Batch,
     payloads=many(text),
@@ -214,6 +223,7 @@ _BATCH = record(
     max_items=optional(whole),
     retention=optional(_session_options),
     owner=optional(owner),
+    labels=optional(labels),
 )
 
 
@@ -349,19 +359,23 @@ ERASE = Operation[Erasure | None](
 SESSION_IDS = Operation[list[str]](
     "session_ids", LocalFile.session_ids, (), ITEMS, resend=True, session=False
 )
-SUMMARIES = Operation[list[tuple[str, int, int, int, str | None]]](
+SUMMARIES = Operation[list[tuple[str, int, int, int, str | None, dict[str, Any] | None]]](
     "summaries",
     LocalFile.summaries,
     (optional(owner), optional(flag)),
-    many(pair(S, N, N, N, optional(text))),
+    many(pair(S, N, N, N, optional(text), optional(labels))),
     resend=True,
     reports=True,
     session=False,
 )
 # A session's owner (data_owners.py): recorded on its first call, or changed explicitly.
-CLAIM_OWNER = Operation[None]("claim_owner", data_owners.claim, (S, owner), nothing, resend=True)
+CLAIM_OWNER = Operation[None](
+    "claim_owner", data_owners.claim, (S, optional(owner), optional(labels)), nothing, resend=True
+)
 SET_OWNER = Operation[str]("set_owner", data_owners.set_owner, (S, owner), text, resend=True)
-OWNER_OF = Operation[str | None]("owner_of", data_owners.recorded, (S,), optional(text), resend=True)
+ABOUT = Operation[tuple[str | None, dict[str, Any] | None]](
+    "about", data_owners.recorded, (S,), pair(optional(text), optional(labels)), resend=True
+)
 BEGIN_OWNER_ERASURE = Operation[tuple[list[str], bool]](
     "begin_owner_erasure",
     LocalFile.begin_owner_erasure,
@@ -409,7 +423,7 @@ OPERATIONS: dict[str, Operation[Any]] = {
         SUMMARIES,
         CLAIM_OWNER,
         SET_OWNER,
-        OWNER_OF,
+        ABOUT,
         BEGIN_OWNER_ERASURE,
         PURGE,
         VERIFY,

@@ -62,7 +62,7 @@ class Batch:
     (the oldest beyond it are erased in the same call), or None; `retention`: the session's
     own TTL mode and idle time, kept in its record from this write on (retention.py), or None;
     `owner`: the person the session is about, recorded by the write if the session has none
-    (data_owners.py), or None.
+    (data_owners.py), or None; `labels`: the session's labels, recorded by the write, or None.
     """
 
     payloads: list[str]
@@ -72,6 +72,7 @@ class Batch:
     max_items: int | None = None
     retention: SessionOptions | None = None
     owner: str | None = None
+    labels: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not len(self.payloads) == len(self.texts) == len(self.from_user):
@@ -93,10 +94,12 @@ def encode_batch(
     max_items: int | None = None,
     retention: SessionOptions | None = None,
     owner: str | None = None,
+    labels: dict[str, Any] | None = None,
 ) -> Batch:
     """Items as the file stores them (`InvalidItemError` naming the first that is not JSON)."""
     payloads = [encode_item(item, position) for position, item in enumerate(items)]
-    return replace(_batch(payloads, items, expires_at), max_items=max_items, retention=retention, owner=owner)
+    batch = _batch(payloads, items, expires_at)
+    return replace(batch, max_items=max_items, retention=retention, owner=owner, labels=labels)
 
 
 def batch_of_payloads(payloads: list[str], expires_at: int | None = None) -> Batch:

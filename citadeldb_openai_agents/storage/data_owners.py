@@ -13,7 +13,7 @@ one whole or erased, and the next run erases what is left.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from citadeldb.memory import Memory
 
@@ -27,29 +27,48 @@ ERASED_OWNERS = "erased_owners"  # the layout record's list of owners whose eras
 _OWNER_PURPOSE = b"coa.owner"
 
 
-def keep(layout: SessionLayout, memory: Memory, state: SessionState, owner: str | None) -> None:
+def keep(
+    layout: SessionLayout,
+    memory: Memory,
+    state: SessionState,
+    owner: str | None,
+    labels: dict[str, Any] | None = None,
+) -> None:
     """Before a session's call or write that names `owner`: record it where none is, refuse
-    another (`OwnerMismatchError`, nothing read or written). A session the file does not hold
-    yet keeps it in the record its first write lists."""
-    if owner is None or state.branch != MAIN:
+    another (`OwnerMismatchError`, nothing read or written); record `labels` if they differ.
+    A session the file does not hold yet keeps them in the record its first write lists."""
+    if state.branch != MAIN or (owner is None and labels is None):
         return
     record = layout.record(state)
-    if record.owner == owner:
-        return
-    if record.owner is not None:
+    if owner is not None and record.owner not in (None, owner):  # refused before anything changes
         raise OwnerMismatchError(
             f"session {state.session_id!r} belongs to another owner than the one given; nothing was "
             "read or written. An owner changes only explicitly: store.set_owner(session_ids, owner), "
             "or `python -m citadeldb_openai_agents owner set SESSION_ID --owner NEW`."
         )
-    record.owner, record.owner_since = owner, now_micros()
-    if state.catalog_id is not None:
+    changed = False
+    if owner is not None and record.owner is None:
+        record.owner, record.owner_since, changed = owner, now_micros(), True
+    if labels is not None and labels != record.labels:
+        record.labels, changed = labels, True
+    if changed:
+        _write(layout, memory, state)
+
+
+def _write(layout: SessionLayout, memory: Memory, state: SessionState) -> None:
+    if state.catalog_id is not None:  # else the first write lists its first segment with the record
         layout.write_record(memory, state)
 
 
-def claim(layout: SessionLayout, memory: Memory, state: SessionState, owner: str) -> None:
-    """A session's first call with an owner (history.py): `keep`, before anything else runs."""
-    keep(layout, memory, state, owner)
+def claim(
+    layout: SessionLayout,
+    memory: Memory,
+    state: SessionState,
+    owner: str | None,
+    labels: dict[str, Any] | None,
+) -> None:
+    """A session's first call with an owner or labels (history.py): `keep`, before anything else runs."""
+    keep(layout, memory, state, owner, labels)
 
 
 def set_owner(
@@ -65,9 +84,17 @@ def set_owner(
     return "changed"
 
 
-def recorded(layout: SessionLayout, memory: Memory, state: SessionState) -> str | None:
-    """The session's owner as the file records it (a move carries it to the target)."""
-    return owner_of(layout, state)
+def recorded(
+    layout: SessionLayout, memory: Memory, state: SessionState
+) -> tuple[str | None, dict[str, Any] | None]:
+    """The session's owner and labels as the file records them (a move carries them)."""
+    return owner_of(layout, state), labels_of(layout, state)
+
+
+def labels_of(layout: SessionLayout, state: SessionState) -> dict[str, Any] | None:
+    """The labels of the session `state` holds (a branch's are MAIN's)."""
+    main = state if state.branch == MAIN else layout.state(state.session_id)
+    return None if main.record is None else main.record.labels
 
 
 def owner_of(layout: SessionLayout, state: SessionState) -> str | None:

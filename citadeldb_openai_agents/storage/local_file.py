@@ -121,8 +121,8 @@ class LocalFile:
 
     def summaries(
         self, owner: str | None = None, owned: bool | None = None, progress: Progress | None = None
-    ) -> list[tuple[str, int, int, int, str | None]]:
-        """(id, items, first, last write, owner) of every session holding an item (its branches'
+    ) -> list[tuple[str, int, int, int, str | None, dict[str, Any] | None]]:
+        """(id, items, first, last write, owner, labels) of every session holding an item (its branches'
         counted with it), sorted by id. Only `owner`'s, or (`owned`) those with or without an
         owner: chosen from the records this process holds, before any session is read."""
         layout = self._layout
@@ -140,10 +140,16 @@ class LocalFile:
                     if held is None
                     else (held[0] + summary[0], min(held[1], summary[1]), max(held[2], summary[2]))
                 )
-        return sorted(
-            (session_id, *summary, data_owners.owner_of(layout, layout.state(session_id)))
-            for session_id, summary in found.items()
-        )
+        mains = {session_id: layout.state(session_id) for session_id in found}
+        return [
+            (
+                sid,
+                *found[sid],
+                data_owners.owner_of(layout, mains[sid]),
+                data_owners.labels_of(layout, mains[sid]),
+            )
+            for sid in sorted(found)
+        ]
 
     def begin_owner_erasure(self, owner: str) -> tuple[list[str], bool]:
         """The ids of `owner`'s sessions, and whether an erasure of theirs began before (noted in

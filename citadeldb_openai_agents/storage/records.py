@@ -101,6 +101,7 @@ class CatalogRecord:
     # (µs). Inside the encrypted record, as the session id is: no file holds it in plain text.
     owner: str | None = None
     owner_since: int | None = None
+    labels: dict[str, Any] | None = None  # MAIN's: a few the application gave (listings return them)
 
     def to_payload(self) -> dict[str, Any]:
         payload: dict[str, Any] = {
@@ -125,6 +126,8 @@ class CatalogRecord:
             payload["copying"] = True
         if self.owner is not None:
             payload["owner"], payload["owner_since"] = self.owner, self.owner_since
+        if self.labels is not None:
+            payload["labels"] = self.labels
         try:
             self.session_id.encode("utf-8")
             payload["session"] = self.session_id
@@ -156,6 +159,7 @@ class CatalogRecord:
             copying=bool(payload.get("copying")),
             owner=payload.get("owner"),
             owner_since=payload.get("owner_since"),
+            labels=payload.get("labels"),
         )
 
 

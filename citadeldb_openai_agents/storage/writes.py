@@ -58,7 +58,7 @@ def append(
         if batch.max_items is not None:  # the owner that wrote it may have died before trimming
             trim(layout, memory, state, batch.max_items)
         return
-    data_owners.keep(layout, memory, state, batch.owner)
+    data_owners.keep(layout, memory, state, batch.owner, batch.labels)
     retention.keep(layout, memory, state, batch.retention)
     contextual, question = in_contexts(last_question(layout, memory, state), batch.texts, batch.from_user)
     vectors = embed_documents(layout.embedder, contextual)

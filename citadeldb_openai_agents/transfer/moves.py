@@ -162,11 +162,11 @@ def _move(
 
 
 def _carry_owner(source: SharedFile, target: SharedFile, session_id: str) -> None:
-    """The session's owner recorded in the target before the source erases it: the person's
-    erasure must find it there (`OwnerMismatchError` if the target records another person)."""
-    owner = source.call(ops.OWNER_OF, session_id)
-    if owner is not None:
-        target.call(ops.CLAIM_OWNER, session_id, owner)
+    """The session's owner and labels recorded in the target before the source erases it: the
+    person's erasure must find it there (`OwnerMismatchError` if the target records another)."""
+    owner, labels = source.call(ops.ABOUT, session_id)
+    if owner is not None or labels is not None:
+        target.call(ops.CLAIM_OWNER, session_id, owner, labels)
 
 
 def _read(source: SharedFile, target: SharedFile, session_id: str) -> _Held:
