@@ -92,6 +92,9 @@ def init(args: argparse.Namespace) -> int:
 def sessions(args: argparse.Namespace) -> int:
     if args.owner is not None:
         check_owner(args.owner, "--owner")
+        shards = owners.fleet(args)
+        if shards is not None:
+            return owners.fleet_sessions(args, shards)
     with open_store(args) as store:
         summaries = store.sessions(owner=args.owner, owned=False if args.unowned else None)
         path = store.path

@@ -123,6 +123,7 @@ def _add_reads(add: Any, as_json: Any) -> None:
     which = sessions.add_mutually_exclusive_group()
     which.add_argument("--owner", help="only the sessions of this person")
     which.add_argument("--unowned", action="store_true", help="only the sessions that have no owner")
+    owners.add_shard_config(sessions)
     sessions.set_defaults(run=commands.sessions)
 
     export = add(
@@ -215,6 +216,7 @@ def _add_erasures(add: Any, as_json: Any) -> None:
     )
     erase.add_argument("session_ids", metavar="SESSION_ID", nargs="*")
     erase.add_argument("--owner", help="erase every session of this person instead")
+    owners.add_shard_config(erase)
     erase.add_argument("-y", "--yes", action="store_true", help="erase without asking")
     erase.set_defaults(run=commands.erase)
 

@@ -112,7 +112,7 @@ def rebalance(args: argparse.Namespace) -> int:
             "no ring change is under way, so no session is moving; begin one with "
             "`ring --begin NEW,SHARDS` (docs/deployment.md, 'Changing the ring')"
         )
-    targets = _shard_configs(args)
+    targets = shard_configs(args)
     moved: list[tuple[str, MoveSummary]] = []
     with open_store(args, settings) as store, ExitStack() as stack:
         plan: dict[str, list[str]] = defaultdict(list)
@@ -148,7 +148,7 @@ def _check_nothing_left(
     args: argparse.Namespace, settings: CitadelSettings, shards: tuple[str, ...], previous: tuple[str, ...]
 ) -> None:
     """Refuse to finish while any shard still holds a session the new ring places elsewhere."""
-    configs = {settings.shard or "": settings, **_shard_configs(args)}
+    configs = {settings.shard or "": settings, **shard_configs(args)}
     unknown = sorted(set(previous) - set(configs))
     if unknown:
         raise Refused(
@@ -165,7 +165,8 @@ def _check_nothing_left(
             )
 
 
-def _shard_configs(args: argparse.Namespace) -> dict[str, CitadelSettings]:
+def shard_configs(args: argparse.Namespace) -> dict[str, CitadelSettings]:
+    """The other shards' settings, from each --shard-config NAME=PATH (checked: PATH is shard NAME)."""
     configs: dict[str, CitadelSettings] = {}
     for given in args.shard_config or []:
         name, sep, path = given.partition("=")

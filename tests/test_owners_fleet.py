@@ -1,0 +1,115 @@
+"""A person's sessions on a fleet (issue 44): one person may have sessions on several shards, so
+`sessions --owner` and `erase --owner` visit every shard of the ring, each reached as `ring`
+reaches it (`--shard-config NAME=PATH`); the receipt names each session's shard, and a shard
+that cannot be reached fails the command before anything is erased.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from citadeldb_openai_agents import CitadelSessionStore, shard_for
+
+KEY = "a passphrase for the fleet"
+SHARDS = ["a", "b", "c"]
+
+
+def configure(tmp_path: Path, name: str) -> Path:
+    config = tmp_path / f"{name}.toml"
+    config.write_text(
+        f'path = "{tmp_path / name}.cdl"\nshard = "{name}"\nshards = {json.dumps(SHARDS)}\n'
+        'argon2_profile = "iot"\ncreate = false\n'
+    )
+    return config
+
+
+def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": os.environ["PATH"], "CITADEL_KEY": KEY}
+    return subprocess.run(
+        [sys.executable, "-m", "citadeldb_openai_agents", *map(str, args)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> dict[str, Path]:
+    """Three shards; alice's twelve conversations and bob's twelve spread over them as the ring places them."""
+    configs = {name: configure(tmp_path, name) for name in SHARDS}
+    for name in SHARDS:
+        with CitadelSessionStore(
+            tmp_path / f"{name}.cdl", KEY, argon2_profile="iot", shards=SHARDS, shard=name
+        ) as store:
+            for person in ("alice", "bob"):
+                for number in range(12):
+                    session_id = f"{person}:{number}"
+                    if shard_for(session_id, SHARDS) == name:
+                        session = store.session(session_id, owner=person)
+                        asyncio.run(session.add_items([{"role": "user", "content": f"{session_id} said"}]))
+    return configs
+
+
+def others(fleet: dict[str, Path], *names: str) -> list[str]:
+    return [arg for name in names for arg in ("--shard-config", f"{name}={fleet[name]}")]
+
+
+def held(tmp_path: Path, name: str) -> list[tuple[str, str | None]]:
+    with CitadelSessionStore(tmp_path / f"{name}.cdl", KEY, create=False) as store:
+        return [(summary.session_id, summary.owner) for summary in store.sessions()]
+
+
+def test_the_fleets_shards_each_hold_some_of_one_persons_sessions(
+    fleet: dict[str, Path], tmp_path: Path
+) -> None:
+    assert all(any(owner == "alice" for _, owner in held(tmp_path, name)) for name in SHARDS)
+
+
+def test_sessions_and_erase_by_owner_visit_every_shard_and_name_each_sessions_shard(
+    fleet: dict[str, Path], tmp_path: Path
+) -> None:
+    listed = cli("sessions", "--owner", "alice", "--json", "--config", fleet["a"], *others(fleet, "b", "c"))
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)
+    assert sorted(row["session_id"] for row in rows) == [f"alice:{n}" for n in sorted(range(12), key=str)]
+    assert all(row["shard"] == shard_for(row["session_id"], SHARDS) for row in rows)
+    erased = cli(
+        "erase", "--owner", "alice", "--yes", "--json", "--config", fleet["a"], *others(fleet, "b", "c")
+    )
+    assert erased.returncode == 0, erased.stderr
+    receipt = json.loads(erased.stdout)
+    sessions = [(s["shard"], s["session_id"]) for s in receipt["sessions"]]
+    assert sorted(sid for _, sid in sessions) == sorted(f"alice:{n}" for n in range(12))
+    assert all(shard == shard_for(sid, SHARDS) for shard, sid in sessions)
+    assert receipt["items_erased"] == 12 and receipt["readback_confirmed"]
+    for name in SHARDS:
+        assert held(tmp_path, name) and all(owner == "bob" for _, owner in held(tmp_path, name))
+    again = cli("erase", "--owner", "alice", "--yes", "--config", fleet["b"], *others(fleet, "a", "c"))
+    assert again.returncode == 0 and "complete" in again.stdout
+
+
+def test_a_shard_left_out_or_unreachable_fails_the_request_before_anything_is_erased(
+    fleet: dict[str, Path], tmp_path: Path
+) -> None:
+    missing = cli("erase", "--owner", "alice", "--yes", "--config", fleet["a"], *others(fleet, "b"))
+    assert missing.returncode == 1
+    assert "pass --shard-config NAME=PATH for c" in missing.stderr and "nothing was erased" in missing.stderr
+    (tmp_path / "c.cdl").rename(tmp_path / "c-elsewhere.cdl")  # the shard's machine is down
+    down = cli("erase", "--owner", "alice", "--yes", "--config", fleet["a"], *others(fleet, "b", "c"))
+    assert down.returncode == 1
+    assert "shard c cannot be reached" in down.stderr and "nothing was erased on any shard" in down.stderr
+    (tmp_path / "c-elsewhere.cdl").rename(tmp_path / "c.cdl")
+    assert sum(owner == "alice" for name in SHARDS for _, owner in held(tmp_path, name)) == 12
+
+
+def test_an_owner_no_shard_holds_exits_1(fleet: dict[str, Path]) -> None:
+    nobody = cli("erase", "--owner", "carol", "--yes", "--config", fleet["a"], *others(fleet, "b", "c"))
+    assert nobody.returncode == 1 and "no shard of the fleet holds a session of this owner" in nobody.stderr
