@@ -4,7 +4,8 @@
     python benchmarks/owners.py --sessions 2000 # smaller, for a quick look
 
 Prints the p50 / p90 of `store.sessions(owner=X)` (one owner's 20 sessions) beside the p50 of
-`store.sessions()` (every session), and the wall time of `store.erase_owner(X)` for an owner of
+`store.sessions()` (every session), of `store.search(query, owner=X)` over one owner's 20
+sessions, and the wall time of `store.erase_owner(X)` for an owner of
 100 sessions of 100 items each, with the receipt's counts. The files are built with
 sync_mode "off" (to build them quickly) and measured reopened with the default ("full").
 """
@@ -71,6 +72,13 @@ def main() -> None:
                 found = store.sessions(owner=owner)
                 one.append((time.perf_counter() - began) * 1000)
                 assert len(found) == args.per_owner, (owner, len(found))
+            searched: list[float] = []
+            for repeat in range(args.repeats):
+                owner = f"user-{(repeat * 41) % owners:05d}"
+                began = time.perf_counter()
+                hits = store.search("hello 1", owner=owner, limit=5)
+                searched.append((time.perf_counter() - began) * 1000)
+                assert hits and all(hit.session_id.startswith(owner) for hit in hits)
             every: list[float] = []
             for _ in range(3):
                 began = time.perf_counter()
@@ -80,6 +88,10 @@ def main() -> None:
             f"sessions(owner=X), {args.per_owner} of {args.sessions:,}: p50 {statistics.median(one):.1f} ms, "
             f"p90 {percentile(one, 0.9):.1f} ms ({args.repeats} calls); "
             f"sessions() of all: p50 {statistics.median(every):.0f} ms (3 calls)"
+        )
+        print(
+            f"search(query, owner=X, limit=5) over {args.per_owner} sessions: p50 {statistics.median(searched):.1f} ms, "
+            f"p90 {percentile(searched, 0.9):.1f} ms ({args.repeats} calls, the query embedding included)"
         )
         erasable = Path(directory) / "erase.cdl"
         asyncio.run(build_erasable(erasable, 100, 100))

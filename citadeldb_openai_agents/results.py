@@ -303,6 +303,17 @@ class HistoryHit:
 
 
 @dataclass(frozen=True)
+class OwnerHit:
+    """A search hit over one person's sessions (`CitadelSessionStore.search`): the session it is
+    in, its position there (1: the oldest item), the item and its text."""
+
+    session_id: str
+    position: int
+    item: Any
+    text: str
+
+
+@dataclass(frozen=True)
 class MoveSummary:
     """What `CitadelSessionStore.move_session` did for one session, from one file to another.
 

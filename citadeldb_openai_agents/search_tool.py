@@ -13,7 +13,7 @@ from typing import Any
 
 from agents import FunctionTool, function_tool
 
-from .results import HistoryHit
+from .results import HistoryHit, OwnerHit
 
 # A session's search: (query, limit) -> its hits with their positions, and its item count.
 SearchPlaced = Callable[[str, int], Awaitable[tuple[list[HistoryHit], int]]]
@@ -37,6 +37,42 @@ def search_tool(search_placed: SearchPlaced, *, name: str, limit: int) -> Functi
         return describe(query, hits, held)
 
     return function_tool(search, name_override=name, description_override=DESCRIPTION)
+
+
+# One person's search: (query, limit) -> the hits over their sessions.
+SearchOwner = Callable[[str, int], Awaitable[list[OwnerHit]]]
+
+OWNER_DESCRIPTION = (
+    "Search everything this person said in their conversations, this one and earlier ones, "
+    "including what is no longer in your context. Give a few words about what you are looking "
+    "for; you get the matching items, best first, each with its conversation, its position there "
+    "(1 is the oldest) and who said it."
+)
+
+
+def owner_search_tool(search: SearchOwner, *, name: str, limit: int) -> FunctionTool:
+    """A `FunctionTool` named `name` that answers with the `limit` best matches over one person's
+    sessions; the person is bound here, never an argument of the tool."""
+    if limit <= 0:
+        raise ValueError(f"limit must be at least 1, not {limit}")
+
+    async def search_conversations(query: str) -> str:
+        return describe_owner_hits(query, await search(query, limit))
+
+    return function_tool(search_conversations, name_override=name, description_override=OWNER_DESCRIPTION)
+
+
+def describe_owner_hits(query: str, hits: list[OwnerHit]) -> str:
+    """The person-wide tool's answer: one line per hit, best first, naming its conversation."""
+    if not hits:
+        return f"No item of this person's conversations matches {query!r}."
+    lines = [
+        f"{len(hits)} item{'s' if len(hits) > 1 else ''} of this person's conversations match {query!r}, best first:"
+    ]
+    for hit in hits:
+        text = hit.text if len(hit.text) <= _SHOWN else hit.text[:_SHOWN] + " [cut]"
+        lines.append(f"- conversation {hit.session_id!r}, #{hit.position}, {role(hit.item)}: {text}")
+    return "\n".join(lines)
 
 
 def describe(query: str, hits: list[HistoryHit], held: int) -> str:

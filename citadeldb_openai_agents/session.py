@@ -222,7 +222,9 @@ class CitadelSession:
         replace = asyncio.to_thread(self._history.replace_all, list(items))
         return await complete_despite_cancellation(replace)
 
-    def search_tool(self, name: str = "search_history", limit: int = 5) -> FunctionTool:
+    def search_tool(
+        self, name: str = "search_history", limit: int = 5, *, across_owner: bool = False
+    ) -> FunctionTool:
         """This session's `search` as an SDK `FunctionTool`, for the agent that uses the session.
 
         With ``SessionSettings(limit=N)`` the model sees only the newest N items; with this
@@ -230,11 +232,29 @@ class CitadelSession:
         takes a query and returns text: the `limit` best matches, each with its position in
         the session (1 is the oldest), who said it (role) and its text. It never returns
         another session's items or expired ones.
+
+        ``across_owner=True`` widens it to every session of this session's owner (which it
+        must have: `ValueError` otherwise), so that the agent recalls what this person said in
+        an earlier conversation; each hit names its conversation. The tool takes only a query:
+        no argument names an owner, so a model cannot reach another person's sessions.
         """
         self._check_open()
-        from .search_tool import search_tool
+        from .search_tool import owner_search_tool, search_tool
 
-        return search_tool(self._search_placed, name=name, limit=limit)
+        if not across_owner:
+            return search_tool(self._search_placed, name=name, limit=limit)
+        owner = self.owner
+        if owner is None:
+            raise ValueError(
+                f"search_tool(across_owner=True) searches the sessions of this session's owner, and "
+                f"session {self.session_id!r} was given none: make it with owner=... (or owner_pattern)"
+            )
+        store = self._store
+        return owner_search_tool(
+            lambda query, n: asyncio.to_thread(store.search, query, owner=owner, limit=n),
+            name=name,
+            limit=limit,
+        )
 
     async def _search_placed(self, query: str, limit: int) -> tuple[list[HistoryHit], int]:
         """The search tool's hits, with their positions, and how many items the session holds."""

@@ -31,6 +31,7 @@ from .results import (
     IntegrityReport,
     MoveSummary,
     OwnerErasure,
+    OwnerHit,
     Progress,
     PurgeReport,
     SessionExport,
@@ -39,7 +40,7 @@ from .results import (
 from .serving import operations as ops
 from .serving.shared_file import SharedFile
 from .shards import Ring, RingFile
-from .storage.codec import decode_item, decode_items, encode_batch
+from .storage.codec import decode_item, decode_items, encode_batch, search_text
 from .storage.records import MAIN
 from .storage.segments import key_of
 from .transfer.chunks import IMPORT_MODES, ImportMode, import_chunks
@@ -231,6 +232,21 @@ class FileStore:
         if unknown:
             raise self._not_found(*unknown, done="no owner was changed.")
         return [sid for sid in ids if self._file.call(ops.SET_OWNER, sid, owner) == "changed"]
+
+    def search(self, query: str, *, owner: str, limit: int = 10) -> list[OwnerHit]:
+        """The `limit` items best matching `query` over every session of one person, best first,
+        each naming its session and its position there: what this person said in any of their
+        conversations, and nothing of anyone else's. Ranked as `CitadelSession.search` ranks one
+        session's items. Blocking: from async code, run it in a thread."""
+        self._check_open()
+        owner = check_owner(owner, "search's owner=")
+        if limit <= 0:
+            raise ValueError(f"limit must be at least 1, not {limit}")
+        found = self._file.call(ops.SEARCH_OWNER, owner, query, limit)
+        return [
+            OwnerHit(sid, position, item := decode_item(payload), search_text(item))
+            for sid, payload, position in found
+        ]
 
     def apply_owner_pattern(self, *, dry_run: bool = False) -> dict[str, str]:
         """Record, for each session that has no owner, the one `owner_pattern` finds in its id;

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -18,7 +19,8 @@ from typing import Any
 
 import pytest
 from agents import Agent, Runner
-from agents.testing import ScriptedModel, assistant_message
+from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
+from agents.tool_context import ToolContext
 
 from citadeldb_openai_agents import (
     CitadelSession,
@@ -611,3 +613,84 @@ def test_the_pattern_comes_from_the_configuration_and_a_bad_one_names_its_source
     with from_config() as store:
         write(store, "dave:1", "new")
         assert listed(store, owner="dave") == [("dave:1", "dave")]
+
+
+# -- search across one person's conversations ------------------------------------------------
+
+
+def near_duplicates(store: CitadelSessionStore) -> None:
+    """Two people whose conversations say almost the same things."""
+    for person, code in (("alice", "2210"), ("bob", "2211")):
+        write(store, f"{person}-gym", f"My locker code is {code}.", "Where is the sauna?", owner=person)
+        write(store, f"{person}-travel", f"My flight to Oslo leaves at {code[:2]}:{code[2:]}.", owner=person)
+
+
+def test_a_search_over_one_persons_sessions_names_each_hits_session_and_never_another_persons(
+    make_store: MakeStore,
+) -> None:
+    store = make_store()
+    near_duplicates(store)
+    hits = store.search("locker code", owner="alice", limit=10)
+    assert {hit.session_id for hit in hits} == {"alice-gym", "alice-travel"}
+    assert (hits[0].session_id, hits[0].position, hits[0].text) == ("alice-gym", 1, "My locker code is 2210.")
+    assert not any("2211" in hit.text or "22:11" in hit.text for hit in hits)
+    assert [hit.session_id for hit in store.search("flight to Oslo", owner="bob", limit=1)] == ["bob-travel"]
+    assert store.search("locker code", owner="carol") == []
+    with pytest.raises(InvalidOwnerError, match=r"^search's owner=: "):
+        store.search("locker", owner="")
+
+
+def test_a_session_tool_widened_to_its_owner_recalls_an_earlier_conversation_and_nothing_of_another(
+    make_store: MakeStore,
+) -> None:
+    store = make_store()
+    near_duplicates(store)
+    today = store.session("alice-today", owner="alice")
+    tool = today.search_tool(across_owner=True)
+    assert list(tool.params_json_schema["properties"]) == ["query"]  # no argument names an owner
+    context = ToolContext(context=None, tool_name=tool.name, tool_call_id="call", tool_arguments="{}")
+    output = str(asyncio.run(tool.on_invoke_tool(context, '{"query": "locker code"}')))
+    assert "conversation 'alice-gym', #1, user: My locker code is 2210." in output
+    assert "2211" not in output and "bob" not in output
+    with pytest.raises(ValueError, match="was given none"):
+        store.session("anon").search_tool(across_owner=True)
+
+
+def test_an_agent_recalls_what_its_person_said_in_an_earlier_conversation(make_store: MakeStore) -> None:
+    store = make_store()
+    near_duplicates(store)
+
+    def ask(call: Any) -> list[Any]:
+        return [function_call("search_history", {"query": "locker code"}, call_id="call-search")]
+
+    def answer(call: Any) -> list[Any]:
+        outputs = [i for i in call.input if isinstance(i, dict) and i.get("type") == "function_call_output"]
+        found = re.search(r"locker code is (\d+)", str(outputs[-1]["output"]) if outputs else "")
+        return [assistant_message(f"Your code is {found.group(1)}." if found else "I could not find it.")]
+
+    for person, code in (("alice", "2210"), ("bob", "2211")):
+        session = store.session(f"{person}-new", owner=person)
+        model = ScriptedModel([ModelStep.respond(ask), ModelStep.respond(answer)])
+        agent = Agent(name="assistant", model=model, tools=[session.search_tool(across_owner=True)])
+        result = asyncio.run(Runner.run(agent, "What is my locker code?", session=session))
+        assert result.final_output == f"Your code is {code}."
+
+
+def test_a_persons_search_works_through_the_owner_process(db_path: Path) -> None:
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVING, str(db_path), KEY],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None and server.stdout.readline() == "ready\n"
+        with CitadelSessionStore(db_path, KEY) as client:
+            assert client.served_by == server.pid
+            near_duplicates(client)
+            hits = client.search("locker code", owner="bob", limit=3)
+            assert hits[0].session_id == "bob-gym" and "2211" in hits[0].text
+            assert all(hit.session_id.startswith("bob-") for hit in hits)
+    finally:
+        server.kill()
+        server.wait(timeout=30)

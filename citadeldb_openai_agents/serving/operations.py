@@ -376,6 +376,9 @@ SET_OWNER = Operation[str]("set_owner", data_owners.set_owner, (S, owner), text,
 ABOUT = Operation[tuple[str | None, dict[str, Any] | None]](
     "about", data_owners.recorded, (S,), pair(optional(text), optional(labels)), resend=True
 )
+SEARCH_OWNER = Operation[list[tuple[str, str, int]]](
+    "search_owner", LocalFile.search_owner, (owner, S, N), many(pair(S, text, N)), resend=True, session=False
+)
 BEGIN_OWNER_ERASURE = Operation[tuple[list[str], bool]](
     "begin_owner_erasure",
     LocalFile.begin_owner_erasure,
@@ -425,6 +428,7 @@ OPERATIONS: dict[str, Operation[Any]] = {
         SET_OWNER,
         ABOUT,
         BEGIN_OWNER_ERASURE,
+        SEARCH_OWNER,
         PURGE,
         VERIFY,
         BACKUP,

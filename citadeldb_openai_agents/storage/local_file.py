@@ -33,7 +33,7 @@ from ..errors import (
 )
 from ..options import StoreOptions
 from ..results import EndedSession, IntegrityReport, Progress, PurgeReport, ReembedSummary, SessionIntegrity
-from . import data_owners, reads, registry, retention, suffix, writes
+from . import data_owners, owner_search, reads, registry, retention, suffix, writes
 from .audit import ATOM_KEYS, check_before_memory
 from .completeness import now_micros
 from .engine import OpenDatabase, database_options
@@ -150,6 +150,14 @@ class LocalFile:
             )
             for sid in sorted(found)
         ]
+
+    def search_owner(self, owner: str, query: str, limit: int) -> list[tuple[str, str, int]]:
+        """(session id, item, position) of the `limit` best matches for `query` over every
+        session of `owner` (owner_search.py)."""
+        layout = self._layout
+        states = [layout.state(session_id) for session_id in data_owners.owned(layout, owner)]
+        with self._database.operation() as memory:
+            return owner_search.search_sessions(layout, memory, states, query, limit)
 
     def begin_owner_erasure(self, owner: str) -> tuple[list[str], bool]:
         """The ids of `owner`'s sessions, and whether an erasure of theirs began before (noted in
