@@ -7,13 +7,15 @@ with the place it came from. In one process, through an owner process, and on th
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import json
 import re
 import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -236,7 +238,9 @@ SERVING = textwrap.dedent(
 )
 
 
-def test_every_owner_call_works_on_a_live_file_through_its_owner_process(db_path: Path) -> None:
+@contextlib.contextmanager
+def serving(db_path: Path) -> Iterator[subprocess.Popen[str]]:
+    """A process that owns `db_path` (and serves it) until the block ends."""
     server = subprocess.Popen(
         [sys.executable, "-c", SERVING, str(db_path), KEY],
         stdin=subprocess.PIPE,
@@ -245,22 +249,26 @@ def test_every_owner_call_works_on_a_live_file_through_its_owner_process(db_path
     )
     try:
         assert server.stdout is not None and server.stdout.readline() == "ready\n"
-        with CitadelSessionStore(db_path, KEY) as client:
-            assert client.served_by == server.pid
-            write(client, "a", "one", owner="alice")
-            write(client, "b", "two", owner="bob")
-            with pytest.raises(OwnerMismatchError):
-                asyncio.run(client.session("a", owner="bob").get_items())
-            assert listed(client, owner="alice") == [("a", "alice")]
-            assert client.set_owner("b", "carol") == ["b"]
-            erased = client.erase_owner("alice")
-            assert [session_id for session_id, _ in erased.sessions] == ["a"] and erased.readback_confirmed
-            assert listed(client) == [("b", "carol")]
-            with pytest.raises(OwnerNotFoundError):
-                client.erase_owner("nobody")
+        yield server
     finally:
         server.kill()
         server.wait(timeout=30)
+
+
+def test_every_owner_call_works_on_a_live_file_through_its_owner_process(db_path: Path) -> None:
+    with serving(db_path) as server, CitadelSessionStore(db_path, KEY) as client:
+        assert client.served_by == server.pid
+        write(client, "a", "one", owner="alice")
+        write(client, "b", "two", owner="bob")
+        with pytest.raises(OwnerMismatchError):
+            asyncio.run(client.session("a", owner="bob").get_items())
+        assert listed(client, owner="alice") == [("a", "alice")]
+        assert client.set_owner("b", "carol") == ["b"]
+        erased = client.erase_owner("alice")
+        assert [session_id for session_id, _ in erased.sessions] == ["a"] and erased.readback_confirmed
+        assert listed(client) == [("b", "carol")]
+        with pytest.raises(OwnerNotFoundError):
+            client.erase_owner("nobody")
 
 
 @pytest.mark.parametrize("owner", ["", "x" * 257, 7, None])
@@ -677,20 +685,21 @@ def test_an_agent_recalls_what_its_person_said_in_an_earlier_conversation(make_s
 
 
 def test_a_persons_search_works_through_the_owner_process(db_path: Path) -> None:
-    server = subprocess.Popen(
-        [sys.executable, "-c", SERVING, str(db_path), KEY],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
+    with serving(db_path) as server, CitadelSessionStore(db_path, KEY) as client:
+        assert client.served_by == server.pid
+        near_duplicates(client)
+        hits = client.search("locker code", owner="bob", limit=3)
+        assert hits[0].session_id == "bob-gym" and "2211" in hits[0].text
+        assert all(hit.session_id.startswith("bob-") for hit in hits)
+
+
+def test_the_cli_asks_before_erasing_a_person_and_erases_nothing_unconfirmed(
+    configured: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "stdin", io.StringIO("y\n"))  # an answer, but no terminal to ask on
+    assert main(["erase", "--owner", "alice"]) == 1
+    assert (
+        "not erasing without a confirmation: stdin is not a terminal; pass --yes" in capsys.readouterr().err
     )
-    try:
-        assert server.stdout is not None and server.stdout.readline() == "ready\n"
-        with CitadelSessionStore(db_path, KEY) as client:
-            assert client.served_by == server.pid
-            near_duplicates(client)
-            hits = client.search("locker code", owner="bob", limit=3)
-            assert hits[0].session_id == "bob-gym" and "2211" in hits[0].text
-            assert all(hit.session_id.startswith("bob-") for hit in hits)
-    finally:
-        server.kill()
-        server.wait(timeout=30)
+    with CitadelSessionStore(configured, KEY) as store:
+        assert len(store.sessions(owner="alice")) == 2

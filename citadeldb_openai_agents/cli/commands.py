@@ -13,7 +13,6 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -113,7 +112,9 @@ def erase(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         path = store.path
         erased_at = datetime.now(timezone.utc)
-        erased = store.erase_sessions(args.session_ids, confirm=None if args.yes else _confirmed(path))
+        erased = store.erase_sessions(
+            args.session_ids, confirm=None if args.yes else receipts.confirm_erasure(path)
+        )
     if args.json:
         render.print_json([receipts.receipt_dict(sid, erasure, path, erased_at) for sid, erasure in erased])
     else:
@@ -123,28 +124,6 @@ def erase(args: argparse.Namespace) -> int:
         [session_id for session_id, erasure in erased if not erasure.readback_confirmed]
     )
     return 0
-
-
-def _confirmed(path: str) -> Callable[[dict[str, int]], None]:
-    def ask(counts: dict[str, int]) -> None:
-        if not sys.stdin.isatty():
-            raise Refused("not erasing without a confirmation: stdin is not a terminal; pass --yes")
-        listed = ", ".join(f"{sid!r} ({render.count(n, 'item')})" for sid, n in counts.items())
-        print(
-            f"Erase {render.count(len(counts), 'session')} from {path}: {listed}?\n"
-            "Their keys are destroyed; this cannot be undone. [y/N] ",
-            end="",
-            file=sys.stderr,
-            flush=True,
-        )
-        try:
-            answer = sys.stdin.readline()
-        except KeyboardInterrupt:
-            answer = ""
-        if answer.strip().lower() not in ("y", "yes"):
-            raise Refused("not confirmed; nothing was erased")
-
-    return ask
 
 
 def purge(args: argparse.Namespace) -> int:

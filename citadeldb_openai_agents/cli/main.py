@@ -98,6 +98,9 @@ def _add_operations(subcommands: Any) -> None:
     _add_ring(add, as_json)
 
 
+_ON_A_FLEET = "with --owner on a fleet: another shard's name and TOML file (repeat for each)"
+
+
 def _add_init(add: Any, as_json: Any) -> None:
     """init: the database made from the configuration alone."""
     add(
@@ -123,7 +126,7 @@ def _add_reads(add: Any, as_json: Any) -> None:
     which = sessions.add_mutually_exclusive_group()
     which.add_argument("--owner", help="only the sessions of this person")
     which.add_argument("--unowned", action="store_true", help="only the sessions that have no owner")
-    owners.add_shard_config(sessions)
+    owners.add_shard_config(sessions, _ON_A_FLEET)
     sessions.set_defaults(run=commands.sessions)
 
     export = add(
@@ -216,7 +219,7 @@ def _add_erasures(add: Any, as_json: Any) -> None:
     )
     erase.add_argument("session_ids", metavar="SESSION_ID", nargs="*")
     erase.add_argument("--owner", help="erase every session of this person instead")
-    owners.add_shard_config(erase)
+    owners.add_shard_config(erase, _ON_A_FLEET)
     erase.add_argument("-y", "--yes", action="store_true", help="erase without asking")
     erase.set_defaults(run=commands.erase)
 
@@ -301,12 +304,7 @@ def _add_file_operations(add: Any, as_json: Any) -> None:
 def _add_ring(add: Any, as_json: Any) -> None:
     """ring and rebalance: a change of the fleet's shards while it runs."""
     shard_config = argparse.ArgumentParser(add_help=False)
-    shard_config.add_argument(
-        "--shard-config",
-        metavar="NAME=PATH",
-        action="append",
-        help="another shard's name and TOML file (repeat for each)",
-    )
+    owners.add_shard_config(shard_config, "another shard's name and TOML file (repeat for each)")
     ring = add(
         "ring",
         "show the fleet's ring file, or begin or finish a change of its shards",

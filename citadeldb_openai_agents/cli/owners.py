@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from contextlib import ExitStack
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -13,7 +13,7 @@ from .. import CitadelSessionStore, read_ring_file
 from ..config import CitadelSettings
 from ..errors import CitadelSessionError, OwnerNotFoundError
 from ..people import check_owner
-from ..results import OwnerErasure, SessionSummary
+from ..results import Erasure, OwnerErasure, SessionSummary
 from . import receipts, render
 from .moving import shard_configs
 from .opening import Refused, open_store, settings_of, usage
@@ -78,16 +78,12 @@ def _apply_pattern(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_shard_config(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--shard-config",
-        metavar="NAME=PATH",
-        action="append",
-        help="with --owner on a fleet: another shard's name and TOML file (repeat for each)",
-    )
+def add_shard_config(parser: argparse.ArgumentParser, help: str) -> None:
+    """--shard-config NAME=PATH, repeated: another shard's configuration (ring, rebalance, --owner)."""
+    parser.add_argument("--shard-config", metavar="NAME=PATH", action="append", help=help)
 
 
-def fleet(args: argparse.Namespace) -> dict[str, CitadelSettings] | None:
+def fleet(args: argparse.Namespace) -> dict[str | None, CitadelSettings] | None:
     """Every shard's settings when the configuration names a fleet (one person's sessions may be
     on any shard), this one's and each --shard-config's; None for one file. Refused, before
     anything is read, if a shard of the ring is left out."""
@@ -106,12 +102,13 @@ def fleet(args: argparse.Namespace) -> dict[str, CitadelSettings] | None:
             f"one person's sessions may be on any shard of the fleet: pass --shard-config NAME=PATH "
             f"for {', '.join(missing)}; nothing was erased or listed"
         )
-    return {name: given[name] for name in names}
+    ring: dict[str | None, CitadelSettings] = {name: given[name] for name in names}
+    return ring
 
 
-def fleet_sessions(args: argparse.Namespace, shards: dict[str, CitadelSettings]) -> int:
+def fleet_sessions(args: argparse.Namespace, shards: dict[str | None, CitadelSettings]) -> int:
     """`sessions --owner X` on a fleet: each shard's sessions of the person, with its shard."""
-    found: list[tuple[str, SessionSummary]] = []
+    found: list[tuple[str | None, SessionSummary]] = []
     with ExitStack() as stack:
         for name, store in _reached(args, shards, stack, "nothing was listed").items():
             found += [(name, summary) for summary in store.sessions(owner=args.owner)]
@@ -127,145 +124,119 @@ def fleet_sessions(args: argparse.Namespace, shards: dict[str, CitadelSettings])
 
 
 def _reached(
-    args: argparse.Namespace, shards: dict[str, CitadelSettings], stack: ExitStack, nothing: str
-) -> dict[str, CitadelSessionStore]:
-    """Each shard's store, every one opened before any is used: one that cannot be reached fails
-    the request before it changes anything."""
+    args: argparse.Namespace, files: dict[str | None, CitadelSettings], stack: ExitStack, nothing: str
+) -> dict[str | None, CitadelSessionStore]:
+    """Each file's store (by shard; None: the one file), every one opened before any is used: a
+    shard that cannot be reached fails the request before it changes anything."""
     stores = {}
-    for name, settings in shards.items():
+    for name, settings in files.items():
         try:
             stores[name] = stack.enter_context(open_store(args, settings))
         except (CitadelSessionError, OSError) as exc:
+            if name is None:
+                raise
             raise Refused(f"shard {name} cannot be reached ({exc}); {nothing} on any shard") from None
     return stores
 
 
-def _erase_on_fleet(args: argparse.Namespace, shards: dict[str, CitadelSettings]) -> int:
-    """`erase --owner X` on a fleet: every shard's sessions of the person, one receipt naming each's shard."""
-    erased: dict[str, OwnerErasure | None] = {}
-    with ExitStack() as stack:
-        stores = _reached(args, shards, stack, "nothing was erased")
-        paths = {name: store.path for name, store in stores.items()}
-        held = {name: store.sessions(owner=args.owner) for name, store in stores.items()}
-        if any(held.values()) and not args.yes:
-            _confirm("the fleet", {s.session_id: s.items for found in held.values() for s in found})
-        erased_at = datetime.now(timezone.utc)
-        for name, store in stores.items():
-            try:
-                erased[name] = store.erase_owner(args.owner)
-            except OwnerNotFoundError:
-                erased[name] = None
-            except (CitadelSessionError, OSError) as exc:
-                done = [shard for shard in erased if erased[shard] is not None] or ["none"]
-                raise Refused(
-                    f"shard {name} failed ({exc}): this person's sessions were erased on {', '.join(done)} "
-                    f"and not on {', '.join(n for n in shards if n not in erased)}; run the command again "
-                    "to finish"
-                ) from None
-    if all(result is None for result in erased.values()):
-        raise Refused(
-            "no shard of the fleet holds a session of this owner, or ever erased one; nothing was erased"
-        )
-    _print_fleet_erasure(args, erased, erased_at, paths)
-    return 0
-
-
-def _print_fleet_erasure(
-    args: argparse.Namespace,
-    erased: dict[str, OwnerErasure | None],
-    erased_at: datetime,
-    paths: dict[str, str],
-) -> None:
-    sessions = [
-        (name, sid, erasure) for name, found in erased.items() if found for sid, erasure in found.sessions
-    ]
-    if args.json:
-        render.print_json(
-            {
-                "owner": args.owner,
-                "erased_at": erased_at.isoformat(),
-                "already_complete": not sessions,
-                "items_erased": sum(erasure.items_erased for _, _, erasure in sessions),
-                "readback_confirmed": all(erasure.readback_confirmed for _, _, erasure in sessions),
-                "sessions": [
-                    {
-                        "shard": name,
-                        **receipts.receipt_dict(sid, erasure, paths[name], erased_at),
-                    }
-                    for name, sid, erasure in sessions
-                ],
-            }
-        )
-    elif not sessions:
-        print(
-            f"the erasure of owner {args.owner!r} is complete: no shard of the fleet holds one of their sessions"
-        )
-    else:
-        print(f"erased owner {args.owner!r}: {render.count(len(sessions), 'session')} on the fleet")
-        for name, sid, erasure in sessions:
-            receipts.print_receipt(sid, erasure, f"{paths[name]} (shard {name})", erased_at)
-    receipts.refuse_unconfirmed([sid for _, sid, erasure in sessions if not erasure.readback_confirmed])
-
-
 def erase_owner(args: argparse.Namespace) -> int:
-    """`erase --owner X`: every session of one person, one receipt for the person."""
+    """`erase --owner X`: every session of one person, in one file or on every shard of a fleet,
+    with one receipt for the person naming each session's file (and shard)."""
     if args.session_ids:
         usage("erase takes session ids or --owner, not both; nothing was erased")
     check_owner(args.owner, "--owner")
     shards = fleet(args)
-    if shards is not None:
-        return _erase_on_fleet(args, shards)
-    with open_store(args) as store:
-        path = store.path
-        held = store.sessions(owner=args.owner)
-        if held and not args.yes:
-            _confirm(path, {summary.session_id: summary.items for summary in held})
+    files: dict[str | None, CitadelSettings] = {None: settings_of(args)} if shards is None else shards
+    with ExitStack() as stack:
+        stores = _reached(args, files, stack, "nothing was erased")
+        paths = {name: store.path for name, store in stores.items()}
+        if not args.yes:
+            held = {
+                s.session_id: s.items for store in stores.values() for s in store.sessions(owner=args.owner)
+            }
+            if held:
+                receipts.confirm_erasure(paths[None] if shards is None else "the fleet")(held)
         erased_at = datetime.now(timezone.utc)
-        erased = store.erase_owner(args.owner)
-    if args.json:
-        render.print_json(_erasure_dict(erased, path, erased_at))
-    else:
-        _print_erasure(erased, path, erased_at)
-    receipts.refuse_unconfirmed([sid for sid, erasure in erased.sessions if not erasure.readback_confirmed])
+        erased = {name: _erased_on(name, store, args.owner, list(files)) for name, store in stores.items()}
+    if shards is not None and not any(erased.values()):
+        raise Refused(
+            "no shard of the fleet holds a session of this owner, or ever erased one; nothing was erased"
+        )
+    person = _Erased(args.owner, erased_at, paths, {name: found for name, found in erased.items() if found})
+    render.print_json(person.as_dict()) if args.json else person.print()
+    receipts.refuse_unconfirmed(
+        [sid for _, sid, erasure in person.sessions() if not erasure.readback_confirmed]
+    )
     return 0
 
 
-def _confirm(where: str, counts: dict[str, int]) -> None:
-    if not sys.stdin.isatty():
-        raise Refused("not erasing without a confirmation: stdin is not a terminal; pass --yes")
-    print(
-        f"Erase this person's {render.count(len(counts), 'session')} "
-        f"({render.count(sum(counts.values()), 'item')}) from {where}?\n"
-        "Their keys are destroyed; this cannot be undone. [y/N] ",
-        end="",
-        file=sys.stderr,
-        flush=True,
-    )
-    if sys.stdin.readline().strip().lower() not in ("y", "yes"):
-        raise Refused("not confirmed; nothing was erased")
+def _erased_on(
+    name: str | None, store: CitadelSessionStore, owner: str, names: list[str | None]
+) -> OwnerErasure | None:
+    """One file's part of the request; None on a shard that never held the person."""
+    try:
+        return store.erase_owner(owner)
+    except OwnerNotFoundError:
+        if name is None:
+            raise  # one file: the library's own message
+        return None
+    except (CitadelSessionError, OSError) as exc:
+        if name is None:
+            raise
+        done, rest = names[: names.index(name)], names[names.index(name) :]
+        raise Refused(
+            f"shard {name} failed ({exc}): this person's sessions were erased on the shards before it "
+            f"({', '.join(map(str, done)) or 'none'}) and not on {', '.join(map(str, rest))}; run the "
+            "command again to finish"
+        ) from None
 
 
-def _erasure_dict(erased: OwnerErasure, path: str, erased_at: datetime) -> dict[str, Any]:
-    return {
-        "owner": erased.owner,
-        "database": path,
-        "erased_at": erased_at.isoformat(),
-        "already_complete": erased.already_complete,
-        "items_erased": erased.items_erased,
-        "readback_confirmed": erased.readback_confirmed,
-        "sessions": [
-            receipts.receipt_dict(sid, erasure, path, erased_at) for sid, erasure in erased.sessions
-        ],
-    }
+@dataclass(frozen=True)
+class _Erased:
+    """A person's erasure over one file (shard None) or a fleet, as the receipt tells it."""
 
+    owner: str
+    at: datetime
+    paths: dict[str | None, str]
+    parts: dict[str | None, OwnerErasure]
 
-def _print_erasure(erased: OwnerErasure, path: str, erased_at: datetime) -> None:
-    if erased.already_complete:
-        print(f"the erasure of owner {erased.owner!r} is complete: {path} holds none of their sessions")
-        return
-    print(
-        f"erased owner {erased.owner!r}: {render.count(len(erased.sessions), 'session')}, "
-        f"{render.count(erased.items_erased, 'item')}, from {path} at {render.utc(erased_at)} UTC"
-    )
-    for session_id, erasure in erased.sessions:
-        receipts.print_receipt(session_id, erasure, path, erased_at)
+    def sessions(self) -> list[tuple[str | None, str, Erasure]]:
+        return [(name, sid, erasure) for name, part in self.parts.items() for sid, erasure in part.sessions]
+
+    def where(self, name: str | None) -> str:
+        return self.paths[name] if name is None else f"{self.paths[name]} (shard {name})"
+
+    def as_dict(self) -> dict[str, Any]:
+        sessions = self.sessions()
+        single = list(self.paths) == [None]
+        return {
+            "owner": self.owner,
+            **({"database": self.paths[None]} if single else {}),
+            "erased_at": self.at.isoformat(),
+            "already_complete": not sessions,
+            "items_erased": sum(erasure.items_erased for _, _, erasure in sessions),
+            "readback_confirmed": all(erasure.readback_confirmed for _, _, erasure in sessions),
+            "sessions": [
+                {
+                    **({} if name is None else {"shard": name}),
+                    **receipts.receipt_dict(sid, erasure, self.paths[name], self.at),
+                }
+                for name, sid, erasure in sessions
+            ],
+        }
+
+    def print(self) -> None:
+        sessions = self.sessions()
+        single = list(self.paths) == [None]
+        if not sessions:
+            left = f"{self.paths[None]} holds" if single else "no shard of the fleet holds"
+            print(f"the erasure of owner {self.owner!r} is complete: {left} none of their sessions")
+            return
+        items = sum(erasure.items_erased for _, _, erasure in sessions)
+        where = f"from {self.paths[None]}" if single else "on the fleet"
+        print(
+            f"erased owner {self.owner!r}: {render.count(len(sessions), 'session')}, "
+            f"{render.count(items, 'item')}, {where} at {render.utc(self.at)} UTC"
+        )
+        for name, sid, erasure in sessions:
+            receipts.print_receipt(sid, erasure, self.where(name), self.at)

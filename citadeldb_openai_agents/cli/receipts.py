@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -108,3 +110,28 @@ def refuse_unconfirmed(session_ids: list[str], where: str = "") -> None:
             "the keys were destroyed, but Citadel did not read every item back as missing. "
             "Keep this receipt and run `python -m citadeldb_openai_agents verify`."
         )
+
+
+def confirm_erasure(where: str) -> Callable[[dict[str, int]], None]:
+    """Asks on a terminal before an erasure (`Refused` without one, or without a yes): the ids
+    and their item counts, and where they are."""
+
+    def ask(counts: dict[str, int]) -> None:
+        if not sys.stdin.isatty():
+            raise Refused("not erasing without a confirmation: stdin is not a terminal; pass --yes")
+        listed = ", ".join(f"{sid!r} ({count(n, 'item')})" for sid, n in counts.items())
+        print(
+            f"Erase {count(len(counts), 'session')} from {where}: {listed}?\n"
+            "Their keys are destroyed; this cannot be undone. [y/N] ",
+            end="",
+            file=sys.stderr,
+            flush=True,
+        )
+        try:
+            answer = sys.stdin.readline()
+        except KeyboardInterrupt:
+            answer = ""
+        if answer.strip().lower() not in ("y", "yes"):
+            raise Refused("not confirmed; nothing was erased")
+
+    return ask

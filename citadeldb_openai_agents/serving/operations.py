@@ -370,7 +370,7 @@ SUMMARIES = Operation[list[tuple[str, int, int, int, str | None, dict[str, Any] 
 )
 # A session's owner (data_owners.py): recorded on its first call, or changed explicitly.
 CLAIM_OWNER = Operation[None](
-    "claim_owner", data_owners.claim, (S, optional(owner), optional(labels)), nothing, resend=True
+    "claim_owner", data_owners.keep, (S, optional(owner), optional(labels)), nothing, resend=True
 )
 SET_OWNER = Operation[str]("set_owner", data_owners.set_owner, (S, owner), text, resend=True)
 ABOUT = Operation[tuple[str | None, dict[str, Any] | None]](

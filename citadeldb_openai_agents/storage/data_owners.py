@@ -60,17 +60,6 @@ def _write(layout: SessionLayout, memory: Memory, state: SessionState) -> None:
         layout.write_record(memory, state)
 
 
-def claim(
-    layout: SessionLayout,
-    memory: Memory,
-    state: SessionState,
-    owner: str | None,
-    labels: dict[str, Any] | None,
-) -> None:
-    """A session's first call with an owner or labels (history.py): `keep`, before anything else runs."""
-    keep(layout, memory, state, owner, labels)
-
-
 def set_owner(
     layout: SessionLayout, memory: Memory, state: SessionState, owner: str
 ) -> Literal["missing", "unchanged", "changed"]:
@@ -85,22 +74,17 @@ def set_owner(
 
 
 def recorded(
-    layout: SessionLayout, memory: Memory, state: SessionState
+    layout: SessionLayout, memory: Memory | None, state: SessionState
 ) -> tuple[str | None, dict[str, Any] | None]:
-    """The session's owner and labels as the file records them (a move carries them)."""
-    return owner_of(layout, state), labels_of(layout, state)
-
-
-def labels_of(layout: SessionLayout, state: SessionState) -> dict[str, Any] | None:
-    """The labels of the session `state` holds (a branch's are MAIN's)."""
+    """The owner and labels of the session `state` holds (a branch's are MAIN's), from the
+    record this process holds (`memory` unused: the signature of a session's operation)."""
     main = state if state.branch == MAIN else layout.state(state.session_id)
-    return None if main.record is None else main.record.labels
+    return (None, None) if main.record is None else (main.record.owner, main.record.labels)
 
 
 def owner_of(layout: SessionLayout, state: SessionState) -> str | None:
     """The owner of the session `state` holds (a branch's is MAIN's)."""
-    main = state if state.branch == MAIN else layout.state(state.session_id)
-    return None if main.record is None else main.record.owner
+    return recorded(layout, None, state)[0]
 
 
 def owned(layout: SessionLayout, owner: str) -> list[str]:

@@ -126,11 +126,9 @@ class LocalFile:
         counted with it), sorted by id. Only `owner`'s, or (`owned`) those with or without an
         owner: chosen from the records this process holds, before any session is read."""
         layout = self._layout
-        states = [
-            state
-            for state in layout.states()
-            if _owner_matches(data_owners.owner_of(layout, state), owner, owned)
-        ]
+        states = layout.states()
+        if owner is not None or owned is not None:  # picked from the records, before any read
+            states = [s for s in states if _owner_matches(data_owners.owner_of(layout, s), owner, owned)]
         found: dict[str, tuple[int, int, int]] = {}
         for state, summary in self._each(_listed, progress, reads.summary, states=states):
             if summary:
@@ -140,14 +138,8 @@ class LocalFile:
                     if held is None
                     else (held[0] + summary[0], min(held[1], summary[1]), max(held[2], summary[2]))
                 )
-        mains = {session_id: layout.state(session_id) for session_id in found}
         return [
-            (
-                sid,
-                *found[sid],
-                data_owners.owner_of(layout, mains[sid]),
-                data_owners.labels_of(layout, mains[sid]),
-            )
+            (sid, *found[sid], *data_owners.recorded(layout, None, layout.state(sid)))
             for sid in sorted(found)
         ]
 
