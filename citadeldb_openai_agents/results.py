@@ -28,13 +28,17 @@ class Erasure:
     """What erasing a session removed, with Citadel's evidence that the keys are gone.
 
     `readback_confirmed` is True when Citadel, asked afterwards for each erased item,
-    reports it ``missing`` (no row, no key).
+    reports it ``missing`` (no row, no key). `ledger_entries` are the numbers, in this
+    file's chain of the erasure ledger at `ledger`, of the entries that record the erasure
+    (what a restore replays); both are empty when no `erasure_ledger` is configured.
     """
 
     items_erased: int
     regions_dropped: int
     algorithm: str
     readback_confirmed: bool
+    ledger: str | None = None
+    ledger_entries: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

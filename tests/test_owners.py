@@ -165,6 +165,34 @@ def test_erase_owner_erases_every_session_of_one_person_and_nothing_else(make_st
         assert reopened.erase_owner("alice").already_complete
 
 
+def ledger_lines(ledger: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in ledger.read_text().splitlines()]
+
+
+def test_each_sessions_receipt_names_the_ledger_entries_that_record_its_erasure(
+    make_store: MakeStore, tmp_path: Path
+) -> None:
+    ledger = tmp_path / "erasures.ledger"
+    store = make_store(erasure_ledger=ledger)
+    write(store, "alice-0", "one", "two", owner="alice")
+    write(store, "alice-1", "three", owner="alice")
+    write(store, "bob", "four", owner="bob")
+    asyncio.run(store.session("bob").pop_item())  # entry 1: bob's item, not alice's
+    erased = store.erase_owner("alice")
+    lines = ledger_lines(ledger)
+    assert [(line["n"], line["op"]) for line in lines] == [(1, "items"), (2, "session"), (3, "session")]
+    assert [(sid, receipt.ledger, receipt.ledger_entries) for sid, receipt in erased.sessions] == [
+        ("alice-0", str(ledger), (2,)),
+        ("alice-1", str(ledger), (3,)),
+    ]
+    # Each entry is the one a restore replays for that session: one session's entry, another's not.
+    assert lines[1]["session"] != lines[2]["session"] != lines[0]["session"]
+    with make_store(tmp_path / "plain.cdl") as plain:  # no ledger: the receipt says none
+        write(plain, "s", "x", owner="carol")
+        ((_, receipt),) = plain.erase_owner("carol").sessions
+        assert (receipt.ledger, receipt.ledger_entries) == (None, ())
+
+
 def test_an_owner_the_file_never_held_is_not_found_and_nothing_changes(make_store: MakeStore) -> None:
     store = make_store()
     write(store, "s", "kept", owner="alice")
@@ -231,7 +259,8 @@ SERVING = textwrap.dedent(
     """
     import sys
     from citadeldb_openai_agents import CitadelSessionStore
-    store = CitadelSessionStore(sys.argv[1], sys.argv[2], argon2_profile="iot")
+    ledger = sys.argv[3] if len(sys.argv) > 3 else None
+    store = CitadelSessionStore(sys.argv[1], sys.argv[2], argon2_profile="iot", erasure_ledger=ledger)
     print("ready", flush=True)
     sys.stdin.read()
     """
@@ -239,10 +268,10 @@ SERVING = textwrap.dedent(
 
 
 @contextlib.contextmanager
-def serving(db_path: Path) -> Iterator[subprocess.Popen[str]]:
-    """A process that owns `db_path` (and serves it) until the block ends."""
+def serving(db_path: Path, *ledger: Path) -> Iterator[subprocess.Popen[str]]:
+    """A process that owns `db_path` (and serves it, recording erasures in `ledger` if given) until the block ends."""
     server = subprocess.Popen(
-        [sys.executable, "-c", SERVING, str(db_path), KEY],
+        [sys.executable, "-c", SERVING, str(db_path), KEY, *map(str, ledger)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -269,6 +298,20 @@ def test_every_owner_call_works_on_a_live_file_through_its_owner_process(db_path
         assert listed(client) == [("b", "carol")]
         with pytest.raises(OwnerNotFoundError):
             client.erase_owner("nobody")
+
+
+def test_a_served_erasure_names_the_owner_processs_ledger_entries(db_path: Path, tmp_path: Path) -> None:
+    ledger = tmp_path / "erasures.ledger"
+    with (
+        serving(db_path, ledger) as server,
+        CitadelSessionStore(db_path, KEY, erasure_ledger=ledger) as client,
+    ):
+        assert client.served_by == server.pid
+        write(client, "a", "one", owner="alice")
+        write(client, "b", "two", owner="alice")
+        erased = client.erase_owner("alice")
+    assert [(sid, receipt.ledger_entries) for sid, receipt in erased.sessions] == [("a", (1,)), ("b", (2,))]
+    assert [line["n"] for line in ledger_lines(ledger)] == [1, 2]
 
 
 @pytest.mark.parametrize("owner", ["", "x" * 257, 7, None])
@@ -349,9 +392,14 @@ def test_an_erasure_killed_leaves_each_session_whole_or_erased_and_a_rerun_finis
 @pytest.fixture
 def configured(tmp_path: Path, clean_environment: None, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A configuration in the working directory, and a file with two people's sessions and one of nobody's."""
-    (tmp_path / "citadel.toml").write_text('path = "agent.cdl"\nargon2_profile = "iot"\n', encoding="utf-8")
+    (tmp_path / "citadel.toml").write_text(
+        'path = "agent.cdl"\nargon2_profile = "iot"\nerasure_ledger = "erasures.ledger"\n', encoding="utf-8"
+    )
     monkeypatch.setenv("CITADEL_KEY", KEY)
-    with CitadelSessionStore(tmp_path / "agent.cdl", KEY, argon2_profile="iot") as store:
+    ledger = tmp_path / "erasures.ledger"
+    with CitadelSessionStore(
+        tmp_path / "agent.cdl", KEY, argon2_profile="iot", erasure_ledger=ledger
+    ) as store:
         write(store, "alice-phone", "one", "two", owner="alice")
         write(store, "alice-web", "three", owner="alice")
         write(store, "bob", "four", owner="bob")
@@ -383,6 +431,13 @@ def test_the_cli_erases_one_person_with_one_receipt_and_says_when_it_is_complete
     assert receipt["owner"] == "alice" and receipt["items_erased"] == 3 and receipt["readback_confirmed"]
     assert [s["session_id"] for s in receipt["sessions"]] == ["alice-phone", "alice-web"]
     assert all(s["readback_confirmed"] and s["algorithm"] for s in receipt["sessions"])
+    ledger = str(configured.parent / "erasures.ledger")
+    assert [(s["erasure_ledger"], s["ledger_entries"]) for s in receipt["sessions"]] == [
+        (ledger, [1]),
+        (ledger, [2]),
+    ]
+    assert main(["erase", "--owner", "bob", "--yes"]) == 0
+    assert f"  erasure ledger:     #3 in {ledger}\n" in capsys.readouterr().out
     assert main(["erase", "--owner", "alice", "--yes"]) == 0
     assert (
         capsys.readouterr().out
@@ -393,7 +448,7 @@ def test_the_cli_erases_one_person_with_one_receipt_and_says_when_it_is_complete
         "holds no session of this owner, and never erased one; nothing was erased" in capsys.readouterr().err
     )
     with CitadelSessionStore(configured, KEY) as store:
-        assert listed(store) == [("anon", None), ("bob", "bob")]
+        assert listed(store) == [("anon", None)]
 
 
 def test_the_cli_refuses_a_bad_owner_or_a_mixed_request_and_changes_nothing(

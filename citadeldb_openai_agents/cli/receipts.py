@@ -23,6 +23,8 @@ def receipt_dict(session_id: str, erasure: Erasure, path: str, erased_at: dateti
         "regions_dropped": erasure.regions_dropped,
         "algorithm": erasure.algorithm,
         "readback_confirmed": erasure.readback_confirmed,
+        "erasure_ledger": erasure.ledger,
+        "ledger_entries": list(erasure.ledger_entries),
     }
 
 
@@ -59,6 +61,11 @@ def _print_erasure(erasure: Erasure) -> None:
     print(f"  regions dropped:    {erasure.regions_dropped}")
     print(f"  algorithm:          {erasure.algorithm} (keys destroyed)")
     print(f"  readback confirmed: {readback}")
+    if erasure.ledger is None:
+        print("  erasure ledger:     not configured (erasure_ledger is unset)")
+    else:
+        entries = ", ".join(f"#{number}" for number in erasure.ledger_entries) or "none (nothing was stored)"
+        print(f"  erasure ledger:     {entries} in {erasure.ledger}")
 
 
 def move_dict(summary: MoveSummary, moved_at: datetime) -> dict[str, Any]:

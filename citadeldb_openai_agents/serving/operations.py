@@ -103,7 +103,15 @@ def counts(value: Any) -> dict[str, int]:
 
 
 ROW = pair(whole, text)  # an item's atom id and payload
-_ERASURE = record(Erasure, items_erased=whole, regions_dropped=whole, algorithm=text, readback_confirmed=flag)
+_ERASURE = record(
+    Erasure,
+    items_erased=whole,
+    regions_dropped=whole,
+    algorithm=text,
+    readback_confirmed=flag,
+    ledger=optional(text),
+    ledger_entries=lambda value: tuple(many(whole)(value)),
+)
 _PURGE = record(
     PurgeReport,
     expired_items=whole,

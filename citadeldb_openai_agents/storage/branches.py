@@ -204,6 +204,8 @@ def erase_all(
         regions_dropped=sum(r.regions_dropped for r in receipts),
         algorithm=receipts[-1].algorithm,
         readback_confirmed=all(r.readback_confirmed for r in receipts),
+        ledger=receipts[-1].ledger,
+        ledger_entries=tuple(entry for r in receipts for entry in r.ledger_entries),
     )
 
 

@@ -75,18 +75,21 @@ class ErasureLedger:
         # an append finds it without reading the whole ledger unless another writer came between.
         self._head: tuple[tuple[int, int], int, str] | None = None
 
-    def record_session(self, hid: str, through: int) -> None:
-        self._append({"op": "session", "session": hid, "through": through})
+    def record_session(self, hid: str, through: int) -> int:
+        """Records that every item of session `hid` up to `through` is erased; its entry's number."""
+        return self._append({"op": "session", "session": hid, "through": through})
 
-    def record_items(self, hid: str, items: list[tuple[int, int]]) -> None:
-        if items:
-            self._append({"op": "items", "session": hid, "items": [list(item) for item in items]})
+    def record_items(self, hid: str, items: list[tuple[int, int]]) -> int | None:
+        """Records that these (atom, created) items of `hid` are erased; its entry's number."""
+        if not items:
+            return None
+        return self._append({"op": "items", "session": hid, "items": [list(item) for item in items]})
 
     def entries(self) -> list[LedgerEntry]:
         """This file's entries, oldest first, each authenticated; `LedgerError` at the first that is not."""
         return [entry for entry, _ in self._read()]
 
-    def _append(self, body: dict[str, Any]) -> None:
+    def _append(self, body: dict[str, Any]) -> int:
         """Written and flushed to disk before the erasure it records starts: an erasure the
         ledger cannot hold is refused (`LedgerError`), or a restore would bring it back."""
         try:
@@ -98,6 +101,7 @@ class ErasureLedger:
                 os.write(descriptor, (json.dumps(line, separators=(",", ":")) + "\n").encode())
                 os.fsync(descriptor)
                 self._head = (_identity(descriptor), number, line["mac"])
+                return number
         except OSError as exc:
             raise LedgerError(
                 f"cannot record the erasure in the erasure ledger {self.path} ({exc.strerror or exc}); "

@@ -326,10 +326,12 @@ class SessionLayout:
         if self.ledger is not None:
             self.ledger.record_items(state.hid, [(hit.id, hit.created_at) for hit in hits])
 
-    def note_clearing(self, state: SessionState, newest: AtomHit | None) -> None:
-        """In the ledger, before they are erased: every item of the session up to `newest`."""
-        if self.ledger is not None and newest is not None:
-            self.ledger.record_session(state.hid, newest.created_at)
+    def note_clearing(self, state: SessionState, newest: AtomHit | None) -> int | None:
+        """In the ledger, before they are erased: every item of the session up to `newest`
+        (the entry's number; None: no ledger, or nothing to erase)."""
+        if self.ledger is None or newest is None:
+            return None
+        return self.ledger.record_session(state.hid, newest.created_at)
 
     def live_hits(self, memory: Memory, state: SessionState, number: int) -> list[AtomHit]:
         return memory.fetch(self.region(memory, state, number), ITEM_KIND, limit=ALL)

@@ -295,6 +295,11 @@ def clear(
         if before_erasing is not None:
             before_erasing(0 if hit is None else hit.id)
         layout.note_clearing(state, hit)
+    return _drop_session(layout, memory, state)
+
+
+def _drop_session(layout: SessionLayout, memory: Memory, state: SessionState) -> str | None:
+    """`clear` once the ledger has the erasure: the record marked, the segments dropped, the record forgotten."""
     if state.catalog_id is not None:
         record = layout.record(state)
         if not record.clearing:
@@ -334,7 +339,8 @@ def erase(layout: SessionLayout, memory: Memory, state: SessionState) -> Erasure
         ]
         for number in state.segments
     }
-    algorithm = clear(layout, memory, state) or "AES-256-KW(RFC3394)"
+    entry = layout.note_clearing(state, newest_hit(layout, memory, state))
+    algorithm = _drop_session(layout, memory, state) or "AES-256-KW(RFC3394)"
     confirmed = True
     for number, ids in erased.items():
         region = layout.region(memory, state, number)
@@ -348,6 +354,8 @@ def erase(layout: SessionLayout, memory: Memory, state: SessionState) -> Erasure
         regions_dropped=len(erased),
         algorithm=algorithm,
         readback_confirmed=confirmed,
+        ledger=None if layout.ledger is None else layout.ledger.path,
+        ledger_entries=() if entry is None else (entry,),
     )
 
 
