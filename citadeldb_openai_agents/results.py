@@ -242,6 +242,7 @@ class ImportSummary:
     # An AdvancedSQLiteSession's: its branches other than main, and the turns whose usage came with it.
     branches: int = 0
     usage_turns: int = 0
+    owner: str | None = None  # the owner recorded for the session by the import, if any
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from .errors import (
 )
 from .history import History
 from .options import Argon2Profile, SessionOptions, StoreOptions, SyncMode, TtlMode
-from .people import check_owner, check_owner_pattern, owner_by_pattern
+from .people import check_labels, check_owner, check_owner_pattern, owner_by_pattern
 from .results import (
     Erasure,
     IntegrityReport,
@@ -373,6 +373,8 @@ class FileStore:
         mode: ImportMode = "new",
         progress: Progress | None = None,
         branch: str = MAIN,
+        owner: str | None = None,
+        labels: dict[str, Any] | None = None,
     ) -> ImportSummary:
         """Import items into a session, verbatim and in order; a rerun resumes, never duplicates.
 
@@ -381,21 +383,26 @@ class FileStore:
         after them, "replace" erases them first (every branch). `progress(items done, items)` after
         each chunk. Another `branch` than "main" gets the items after what it holds ("replace"
         replaces nothing there: the session's own replacement erased it); its name is recorded
-        as used, as a branch created here.
+        as used, as a branch created here. `owner` and `labels` are recorded as
+        `session(session_id, owner=, labels=)` records them, checked before anything is written.
 
         Raises:
             SessionNotEmptyError: mode "new" and the session holds other items; nothing was written.
             InvalidItemError: an item is not JSON (its position is named); nothing was written.
+            OwnerMismatchError: the session belongs to another owner; nothing was written.
         """
         self._check_open()
         if mode not in IMPORT_MODES:
             raise ValueError(f"mode must be one of {', '.join(IMPORT_MODES)}, not {mode!r}")
+        owner = None if owner is None else check_owner(owner, "import_items' owner=")
+        labels = None if labels is None else check_labels(labels, "import_items' labels=")
+        batch = encode_batch(list(items), owner=owner, labels=labels)
         if branch != MAIN:
             self._file.call(ops.RESERVE, session_id, [branch])
         return import_chunks(
             self._file,
             session_id,
-            encode_batch(list(items)),
+            batch,
             mode,
             self._history(session_id, None).expires_at,
             progress,

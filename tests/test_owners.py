@@ -12,6 +12,7 @@ import io
 import json
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -20,20 +21,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agents import Agent, Runner
+from agents import Agent, Runner, SQLiteSession
 from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
 from agents.tool_context import ToolContext
 
 from citadeldb_openai_agents import (
     CitadelSession,
     CitadelSessionStore,
+    ImportSourceError,
     InvalidLabelsError,
     InvalidOwnerError,
     OwnerMismatchError,
     OwnerNotFoundError,
     SessionNotFoundError,
     export_all,
+    export_sqlite,
     from_config,
+    import_file,
     restore_backup,
 )
 from citadeldb_openai_agents.cli.main import main
@@ -493,6 +497,93 @@ def test_a_moved_session_keeps_its_owner_and_the_persons_erasure_finds_it_there(
     assert [summary.session_id for summary in moved] == ["a", "b"]
     assert listed(target) == [("a", "alice"), ("b", "bob")] and listed(source) == []
     assert [session_id for session_id, _ in target.erase_owner("alice").sessions] == ["a"]
+
+
+def test_an_sqlite_export_carries_owners_and_labels_and_an_import_records_them(
+    make_store: MakeStore, tmp_path: Path
+) -> None:
+    source = make_store()
+    asyncio.run(source.session("a", owner="alice", labels={"agent": "support"}).add_items(said("one", "two")))
+    write(source, "b", "three", owner="bob")
+    write(source, "anon", "four")
+    export_sqlite(source, tmp_path / "out.db")
+    # Still the SDK's own file: SQLiteSession reads it, and ignores the owners' table.
+    assert asyncio.run(SQLiteSession("a", str(tmp_path / "out.db")).get_items()) == said("one", "two")
+    with sqlite3.connect(tmp_path / "out.db") as db:
+        assert db.execute("SELECT * FROM citadel_session_owners ORDER BY session_id").fetchall() == [
+            ("a", "alice", '{"agent": "support"}'),
+            ("b", "bob", None),
+        ]
+    with make_store(tmp_path / "target.cdl") as target:
+        report = import_file(target, tmp_path / "out.db")
+        assert [(s.session_id, s.owner) for s in report.sessions] == [
+            ("a", "alice"),
+            ("anon", None),
+            ("b", "bob"),
+        ]
+        assert listed(target) == [("a", "alice"), ("anon", None), ("b", "bob")]
+        assert target.summary("a").labels == {"agent": "support"}  # type: ignore[union-attr]
+        assert [session_id for session_id, _ in target.erase_owner("alice").sessions] == ["a"]
+        # Replaced, a session keeps its owner: every chunk of the import carries it.
+        write(target, "b", "added since")
+        import_file(target, tmp_path / "out.db", session_id="b", mode="replace")
+        assert listed(target, owner="bob") == [("b", "bob")] and target.export("b") == said("three")
+
+
+def test_an_import_records_the_owner_given_and_refuses_a_conflict_before_writing(
+    make_store: MakeStore, tmp_path: Path
+) -> None:
+    sdk = SQLiteSession("p1", str(tmp_path / "sdk.db"))
+    asyncio.run(sdk.add_items(said("mine")))
+    asyncio.run(SQLiteSession("p2", str(tmp_path / "sdk.db")).add_items(said("also mine")))
+    with make_store() as store:
+        write(store, "p2", "older", owner="zoe")
+        with pytest.raises(OwnerMismatchError, match=r"'p2'.*another owner"):
+            import_file(store, tmp_path / "sdk.db", owner="carol", mode="append")
+        assert listed(store) == [("p2", "zoe")] and store.export("p2") == said("older")  # nothing written
+        report = import_file(store, tmp_path / "sdk.db", session_id="p1", owner="carol")
+        assert [(s.session_id, s.owner) for s in report.sessions] == [("p1", "carol")]
+        assert listed(store, owner="carol") == [("p1", "carol")]
+        export_sqlite(store, tmp_path / "out.db", ["p1"])
+        with pytest.raises(
+            ImportSourceError, match="records another owner than the one given for session 'p1'"
+        ):
+            import_file(make_store(tmp_path / "t.cdl"), tmp_path / "out.db", owner="dan")
+
+
+@pytest.mark.parametrize(
+    ("owner", "labels", "why"),
+    [
+        ("", None, "cannot be empty"),
+        ("x" * 257, None, "256 bytes"),
+        ("ok", "[1]", "labels are a dict"),
+        ("ok", "{", ""),
+    ],
+)
+def test_an_owners_table_the_store_would_refuse_imports_nothing(
+    make_store: MakeStore, tmp_path: Path, owner: str, labels: str | None, why: str
+) -> None:
+    with make_store() as source:
+        write(source, "s", "hello", owner="alice")
+        export_sqlite(source, tmp_path / "out.db")
+    with sqlite3.connect(tmp_path / "out.db") as db:  # a hostile or damaged file
+        db.execute("UPDATE citadel_session_owners SET owner = ?, labels = ?", (owner, labels))
+    with make_store(tmp_path / "target.cdl") as target:
+        with pytest.raises(
+            ImportSourceError, match=f"citadel_session_owners, session 's'.*{why}.*nothing was imported"
+        ):
+            import_file(target, tmp_path / "out.db")
+        assert target.sessions() == []
+
+
+def test_the_cli_imports_with_an_owner_and_says_so(configured: Path, tmp_path: Path, capsys: Any) -> None:
+    asyncio.run(SQLiteSession("old-1", str(tmp_path / "sdk.db")).add_items(said("from before")))
+    assert main(["import", str(tmp_path / "sdk.db"), "--owner", "carol"]) == 0
+    assert "  1 session with their owner recorded (1 owner)\n" in capsys.readouterr().out
+    assert main(["import", str(tmp_path / "sdk.db"), "--owner", "", "--json"]) == 1
+    assert "--owner: an owner cannot be empty" in capsys.readouterr().err
+    assert main(["sessions", "--owner", "carol", "--json"]) == 0
+    assert [row["session_id"] for row in json.loads(capsys.readouterr().out)] == ["old-1"]
 
 
 def test_a_move_into_a_session_of_another_owner_is_refused_and_erases_nothing(

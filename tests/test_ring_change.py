@@ -11,6 +11,7 @@ adds a shard to a fleet under load behind nginx.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from citadeldb_openai_agents.shards import RingFile
 KEY = "a passphrase for the ring"
 OLD, NEW = ["a", "b", "c"], ["a", "b", "c", "d"]
 IDS = [f"user-{n}" for n in range(40)]
+PEOPLE = ["ann", "ben", "cat"]  # session i is about PEOPLE[i % 3]
 
 
 def configure(tmp_path: Path, name: str) -> Path:
@@ -65,7 +67,8 @@ async def held(config: Path) -> dict[str, int]:
 
 @pytest.fixture
 def fleet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
-    """Shards a, b and c, each holding the sessions the old ring gives it (i+1 items each), and d, empty."""
+    """Shards a, b and c, each holding the sessions the old ring gives it (i+1 items each, about
+    PEOPLE[i % 3], labelled {"n": i}), and d, empty."""
     monkeypatch.setenv("CITADEL_KEY", KEY)
     (tmp_path / "ring.toml").write_text('shards = ["a", "b", "c"]\n')
     configs = {name: configure(tmp_path, name) for name in OLD}
@@ -75,7 +78,8 @@ def fleet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
             with from_config(config) as store:
                 for i, session_id in enumerate(IDS):
                     if shard_for(session_id, OLD) == name:
-                        await store.session(session_id).add_items(items(i + 1, session_id))
+                        session = store.session(session_id, owner=PEOPLE[i % 3], labels={"n": i})
+                        await session.add_items(items(i + 1, session_id))
 
     asyncio.run(fill())
     configs["d"] = configure(tmp_path, "d")
@@ -211,3 +215,32 @@ def test_a_shard_removed_hands_each_of_its_sessions_to_the_shard_the_smaller_rin
         running_at_c.check(leaving[0])
     with pytest.raises(ConfigurationError, match="shard 'c' is not in the ring file"):
         from_config(fleet["c"])
+
+
+def test_a_rebalanced_session_keeps_its_owner_and_labels_and_the_persons_erasure_finds_it(
+    fleet: dict[str, Path],
+) -> None:
+    assert cli("ring", "--begin", ",".join(NEW), "--config", fleet["a"]).returncode == 0
+    assert cli("init", "--config", fleet["d"]).returncode == 0
+    for name in OLD:
+        assert cli("rebalance", "--config", fleet[name], "--shard-config", f"d={fleet['d']}").returncode == 0
+    shards = [arg for name in NEW[1:] for arg in ("--shard-config", f"{name}={fleet[name]}")]
+    assert cli("ring", "--finish", "--config", fleet["a"], *shards).returncode == 0
+    with CitadelSessionStore(fleet["d"].with_suffix(".cdl"), KEY, create=False) as d:
+        arrived = {(s.session_id, s.owner, json.dumps(s.labels)) for s in d.sessions()}
+    assert arrived and arrived == {
+        (sid, PEOPLE[IDS.index(sid) % 3], json.dumps({"n": IDS.index(sid)}))
+        for sid in IDS
+        if shard_for(sid, NEW) == "d"
+    }
+    ann = [sid for i, sid in enumerate(IDS) if PEOPLE[i % 3] == "ann"]
+    assert any(shard_for(sid, NEW) == "d" for sid in ann)
+    erased = cli("erase", "--owner", "ann", "--yes", "--json", "--config", fleet["a"], *shards)
+    assert erased.returncode == 0, erased.stderr
+    receipt = json.loads(erased.stdout)
+    assert sorted((s["session_id"], s["shard"]) for s in receipt["sessions"]) == sorted(
+        (sid, shard_for(sid, NEW)) for sid in ann
+    )
+    left = {name: asyncio.run(held(fleet[name])) for name in NEW}
+    assert not any(sid in left[name] for name in NEW for sid in ann)
+    assert sum(len(found) for found in left.values()) == len(IDS) - len(ann)

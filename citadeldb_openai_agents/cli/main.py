@@ -178,6 +178,12 @@ def _add_import(add: Any, as_json: Any) -> None:
         help="the session of a JSON Lines file; in an SDK file, the one to import",
     )
     source.add_argument(
+        "--owner",
+        metavar="OWNER",
+        help="the person every imported session is about (a file export --format sqlite wrote "
+        "carries each session's owner and labels without it)",
+    )
+    source.add_argument(
         "--sessions-table", default="agent_sessions", metavar="NAME", help="default: agent_sessions"
     )
     source.add_argument(

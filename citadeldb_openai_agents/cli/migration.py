@@ -103,6 +103,8 @@ def _export_one(args: argparse.Namespace, session_id: str) -> int:
 
 
 def import_(args: argparse.Namespace) -> int:
+    if args.owner is not None:
+        check_owner(args.owner, "--owner")
     with (
         open_new_or_existing(args, settings_of(args)) as store,
         render.progress_bar("importing", enabled=not args.json, unit="item") as progress,
@@ -114,6 +116,7 @@ def import_(args: argparse.Namespace) -> int:
             sessions_table=args.sessions_table,
             messages_table=args.messages_table,
             mode=args.mode,
+            owner=args.owner,
             progress=progress,
         )
         path = store.path

@@ -301,6 +301,7 @@ def import_dict(path: str, report: ImportReport) -> dict[str, Any]:
                 "written": session.written,
                 "already_held": session.already_held,
                 "replaced": session.replaced,
+                "owner": session.owner,
             }
             for session in report.sessions
         ],
@@ -329,6 +330,10 @@ def print_import(path: str, report: ImportReport) -> None:
         print(
             f"  with {count(branches, 'branch', 'branches')} other than main, and the usage of {count(turns, 'turn')}"
         )
+    owners = {session.owner for session in report.sessions if session.owner is not None}
+    if owners:
+        owned = sum(session.owner is not None for session in report.sessions)
+        print(f"  {count(owned, 'session')} with their owner recorded ({count(len(owners), 'owner')})")
     if report.skipped:
         print(f"  {count(report.skipped, 'row')} skipped: not JSON (the SDK's own sessions skip them too)")
     print(

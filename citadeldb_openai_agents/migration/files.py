@@ -10,12 +10,18 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Iterator
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ..errors import ImportSourceError, OwnerNotFoundError, SessionNotEmptyError, SessionNotFoundError
-from ..results import ExportSummary, ImportReport, ImportSummary, Progress, SessionExport
+from ..errors import (
+    ImportSourceError,
+    OwnerMismatchError,
+    OwnerNotFoundError,
+    SessionNotEmptyError,
+    SessionNotFoundError,
+)
+from ..people import check_owner
+from ..results import ExportSummary, ImportReport, ImportSummary, Progress, SessionExport, SessionSummary
 from ..session import CitadelSessionStore
 from ..transfer.chunks import CHUNK, IMPORT_MODES, ImportMode, as_stored, plan
 from .jsonl import JsonlSource, write_session_files
@@ -31,6 +37,7 @@ def import_file(
     sessions_table: str = SESSIONS_TABLE,
     messages_table: str = MESSAGES_TABLE,
     mode: ImportMode = "new",
+    owner: str | None = None,
     progress: Progress | None = None,
 ) -> ImportReport:
     """Import every session of an SDK session file, or a JSON Lines file, into `store`.
@@ -42,37 +49,93 @@ def import_file(
             session to import (default: all).
         mode: As `CitadelSessionStore.import_items`. With "new", every session is checked
             before anything is written.
+        owner: The owner to record for every imported session. A file that `export --format
+            sqlite` wrote carries each session's owner and labels, and they are recorded
+            without it; an owner given here must then agree with the file's.
         progress: Called with (items done, items) as the chunks are written.
 
     Raises:
-        ImportSourceError: the source cannot be read (nothing was imported).
+        ImportSourceError: the source cannot be read, or records another owner than `owner`
+            (nothing was imported).
         SessionNotEmptyError: mode "new" and sessions hold other items (each is named;
             nothing was written).
+        OwnerMismatchError: sessions in `store` belong to other owners than the import's
+            (each is named; nothing was written).
     """
     if mode not in IMPORT_MODES:
         raise ValueError(f"mode must be one of {', '.join(IMPORT_MODES)}, not {mode!r}")
+    owner = None if owner is None else check_owner(owner, "import's owner")
     reader = _open_source(source, session_id, sessions_table, messages_table)
     try:
         chosen = [(sid, count) for sid, count in reader.sessions() if session_id in (None, sid)]
         if session_id is not None and not chosen:
             raise ImportSourceError(f"{reader.path} holds no session {session_id!r}; nothing was imported.")
+        people = _owners(store, reader, [sid for sid, _ in chosen], owner)
         if mode == "new":
             _refuse_occupied(store, reader, [sid for sid, _ in chosen])
-        total, done = sum(count for _, count in chosen), 0
-        imported: list[ImportSummary] = []
-        for sid, count in chosen:
-            step = None if progress is None else _offset(progress, done, total)
-            summary = store.import_items(sid, reader.items(sid), mode=mode, progress=step)
-            if isinstance(reader, SqliteSource):
-                branches, turns = _import_branches(store, reader, sid)
-                summary = dataclasses.replace(summary, branches=branches, usage_turns=turns)
-            imported.append(summary)
-            done += count
-            if progress is not None:
-                progress(done, total)
+        imported = _import_sessions(store, reader, chosen, people, mode, progress)
         return ImportReport(reader.path, reader.kind, imported, reader.skipped)
     finally:
         reader.close()
+
+
+def _import_sessions(
+    store: CitadelSessionStore,
+    reader: SqliteSource | JsonlSource,
+    chosen: list[tuple[str, int]],
+    people: dict[str, tuple[str | None, dict[str, Any] | None]],
+    mode: ImportMode,
+    progress: Progress | None,
+) -> list[ImportSummary]:
+    """Each chosen session in turn, with its owner and labels (an SDK file's branches and usage too)."""
+    total, done = sum(count for _, count in chosen), 0
+    imported: list[ImportSummary] = []
+    for sid, count in chosen:
+        step = None if progress is None else _offset(progress, done, total)
+        whose, labels = people.get(sid, (None, None))
+        summary = store.import_items(
+            sid, reader.items(sid), mode=mode, progress=step, owner=whose, labels=labels
+        )
+        summary = dataclasses.replace(summary, owner=whose)
+        if isinstance(reader, SqliteSource):
+            branches, turns = _import_branches(store, reader, sid)
+            summary = dataclasses.replace(summary, branches=branches, usage_turns=turns)
+        imported.append(summary)
+        done += count
+        if progress is not None:
+            progress(done, total)
+    return imported
+
+
+def _owners(
+    store: CitadelSessionStore, reader: SqliteSource | JsonlSource, ids: list[str], owner: str | None
+) -> dict[str, tuple[str | None, dict[str, Any] | None]]:
+    """Each session's owner and labels as the import records them (the source's, else `owner`),
+    every one checked against the source and the store before anything is written."""
+    recorded = reader.about() if isinstance(reader, SqliteSource) else {}
+    people = {sid: recorded.get(sid, (None, None)) for sid in ids}
+    disagree = [sid for sid, (whose, _) in people.items() if owner is not None and whose not in (None, owner)]
+    if disagree:
+        raise ImportSourceError(
+            f"{reader.path} records another owner than the one given for {_listed(disagree)}; nothing "
+            "was imported. Leave the owner out to keep the file's, or import those sessions apart."
+        )
+    people = {sid: (owner if whose is None else whose, labels) for sid, (whose, labels) in people.items()}
+    taken = []
+    for sid, (whose, _) in people.items():
+        summary = None if whose is None else store.summary(sid)
+        if summary is not None and summary.owner not in (None, whose):
+            taken.append(sid)
+    if taken:
+        raise OwnerMismatchError(
+            f"{_listed(taken)} in {store.path} belong{'s' if len(taken) == 1 else ''} to another owner "
+            "than the import's; nothing was written. An owner changes only explicitly (owner set)."
+        )
+    return people
+
+
+def _listed(ids: list[str]) -> str:
+    return f"session{'s' if len(ids) > 1 else ''} {', '.join(map(repr, ids[:5]))}{' ...' if len(ids) > 5 else ''}"
 
 
 def _import_branches(store: CitadelSessionStore, reader: SqliteSource, session_id: str) -> tuple[int, int]:
@@ -106,11 +169,11 @@ def export_sqlite(
     summaries = store.sessions() if session_ids is None else _named(store, session_ids)
     counts: dict[str, int] = {}
 
-    def sessions() -> Iterator[tuple[SessionExport, datetime, datetime]]:
+    def sessions() -> Iterator[tuple[SessionExport, SessionSummary]]:
         for done, summary in enumerate(summaries, 1):
             session = store.export_session(summary.session_id)
             counts[summary.session_id] = len(session.items)
-            yield session, summary.first_write, summary.last_write
+            yield session, summary
             if progress is not None:
                 progress(done, len(summaries))
 

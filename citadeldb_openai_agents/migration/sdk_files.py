@@ -26,9 +26,12 @@ from urllib.parse import quote
 
 from .. import turns
 from ..errors import CitadelSessionError, ExportExistsError, ImportSourceError
-from ..results import SessionExport
+from ..people import check_labels, check_owner
+from ..results import SessionExport, SessionSummary
 from .sdk_schema import (
     MESSAGES_TABLE,
+    OWNERS_SCHEMA,
+    OWNERS_TABLE,
     RESERVATION_COLUMNS,
     SCHEMA,
     SESSIONS_TABLE,
@@ -165,6 +168,31 @@ class SqliteSource:
             found.append((str(branch), int(turn), used))
         return found
 
+    def about(self) -> dict[str, tuple[str | None, dict[str, Any] | None]]:
+        """Each session's owner and labels, as an export from this package records them (its own
+        table; none in the SDK's files). Checked as the store checks them: a row it would refuse
+        is an `ImportSourceError` naming it, before anything is imported."""
+        tables = {row[0] for row in self._connection.execute("SELECT name FROM sqlite_master")}
+        if OWNERS_TABLE not in tables:
+            return {}
+        found: dict[str, tuple[str | None, dict[str, Any] | None]] = {}
+        for session_id, owner, labels in self._connection.execute(
+            f"SELECT session_id, owner, labels FROM {OWNERS_TABLE} ORDER BY rowid"
+        ):
+            where = f"{self.path}, table {OWNERS_TABLE}, session {session_id!r}"
+            try:
+                found[str(session_id)] = (
+                    None if owner is None else check_owner(owner, f"{where}: owner"),
+                    None if labels is None else check_labels(json.loads(labels), f"{where}: labels"),
+                )
+            except CitadelSessionError as exc:  # names `where` itself
+                raise ImportSourceError(f"{exc}; nothing was imported.") from None
+            except (ValueError, TypeError) as exc:
+                raise ImportSourceError(
+                    f"{where}: labels are not JSON ({exc}); nothing was imported."
+                ) from None
+        return found
+
     def close(self) -> None:
         self._connection.close()
 
@@ -193,10 +221,10 @@ def _details(data: Any) -> dict[str, Any] | None:
 
 
 def write_sqlite_file(
-    destination: str | os.PathLike[str],
-    sessions: Iterable[tuple[SessionExport, datetime | None, datetime | None]],
+    destination: str | os.PathLike[str], sessions: Iterable[tuple[SessionExport, SessionSummary]]
 ) -> None:
-    """Write a new SDK session file of `sessions` (each whole, with its first and last write), mode 600.
+    """Write a new SDK session file of `sessions` (each whole, with its listing: its first and
+    last write, its owner and labels), mode 600.
 
     The tables are `AdvancedSQLiteSession`'s: `SQLiteSession` reads each session's main branch
     (all of it where the session has no other branch), `AdvancedSQLiteSession` its branches and
@@ -226,7 +254,7 @@ def write_sqlite_file(
 
 
 def _write_sessions(
-    connection: sqlite3.Connection, sessions: Iterable[tuple[SessionExport, datetime | None, datetime | None]]
+    connection: sqlite3.Connection, sessions: Iterable[tuple[SessionExport, SessionSummary]]
 ) -> None:
     for statement in SCHEMA:
         connection.execute(statement)
@@ -235,18 +263,24 @@ def _write_sessions(
     connection.execute(f"CREATE TEMP TABLE message_structure ({', '.join(STRUCTURE_COLUMNS)})")
     connection.execute(f"CREATE TEMP TABLE turn_usage ({', '.join(USAGE_COLUMNS)})")
     connection.execute(f"CREATE TEMP TABLE branch_reservations ({', '.join(RESERVATION_COLUMNS)})")
-    advanced = False
-    for session, first, last in sessions:
+    advanced, owned = False, []
+    for session, summary in sessions:
         _refuse_unstorable(session.session_id)
         connection.execute(
             f"INSERT INTO {SESSIONS_TABLE} (session_id, created_at, updated_at) "
             "VALUES (?, COALESCE(?, CURRENT_TIMESTAMP), COALESCE(?, CURRENT_TIMESTAMP))",
-            (session.session_id, _timestamp(first), _timestamp(last)),
+            (session.session_id, _timestamp(summary.first_write), _timestamp(summary.last_write)),
         )
         _write_session(connection, session)
+        if summary.owner is not None or summary.labels is not None:
+            labels = None if summary.labels is None else json.dumps(summary.labels)
+            owned.append((session.session_id, summary.owner, labels))
         advanced = (
             advanced or bool(session.usage or session.reserved) or any(b != "main" for b in session.branches)
         )
+    if owned:
+        connection.execute(OWNERS_SCHEMA)
+        connection.executemany(f"INSERT INTO {OWNERS_TABLE} VALUES (?, ?, ?)", owned)
     if advanced:
         for statement in STRUCTURE_SCHEMA:
             connection.execute(statement.replace("IF NOT EXISTS ", "IF NOT EXISTS main.", 1))

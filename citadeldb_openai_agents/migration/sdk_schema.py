@@ -114,3 +114,9 @@ USAGE_COLUMNS = (
     "output_tokens_details",
 )
 RESERVATION_COLUMNS = ("session_id", "branch_id")
+
+
+# This package's own table, beside the SDK's (which ignores it): each session's owner and
+# labels, written only when a session has either, so an import here keeps them.
+OWNERS_TABLE = "citadel_session_owners"
+OWNERS_SCHEMA = f"CREATE TABLE {OWNERS_TABLE} (session_id TEXT PRIMARY KEY, owner TEXT, labels TEXT)"

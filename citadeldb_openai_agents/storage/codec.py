@@ -84,8 +84,10 @@ class Batch:
         return len(self.payloads)
 
     def part(self, items: slice, expires_at: int | None) -> Batch:
-        """The items in the slice `items`, expiring at `expires_at` (a copy's part: no cap)."""
-        return Batch(self.payloads[items], self.texts[items], self.from_user[items], expires_at)
+        """The items in the slice `items`, expiring at `expires_at` (a copy's part: no cap), with
+        the batch's owner and labels (an import's every chunk records them)."""
+        parts = self.payloads[items], self.texts[items], self.from_user[items]
+        return Batch(*parts, expires_at, owner=self.owner, labels=self.labels)
 
 
 def encode_batch(

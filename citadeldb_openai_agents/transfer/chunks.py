@@ -104,6 +104,8 @@ def import_chunks(
             "nothing was written. Add the import after them (mode='append', --append), or erase "
             "them first (mode='replace', --replace)."
         )
+    if batch.owner is not None or batch.labels is not None:  # a mismatch refuses before any write
+        file.call(ops.CLAIM_OWNER, session_id, batch.owner, batch.labels)
     if chosen.clear:
         if branch != MAIN:
             chosen = plan(file.call(ops.ALL_ITEMS, key), batch.payloads, "append", CHUNK)
