@@ -36,7 +36,7 @@ from .errors import (
     WrongShardError,
 )
 from .migration.copy import copy_session
-from .migration.files import export_all, export_sqlite, import_file
+from .migration.files import export_all, export_fleet, export_sqlite, import_file
 from .offline import reembed, restore_backup, verify_file
 from .results import (
     EndedSession,
@@ -115,6 +115,7 @@ __all__ = [
     "WrongShardError",
     "copy_session",
     "export_all",
+    "export_fleet",
     "export_sqlite",
     "from_config",
     "import_file",

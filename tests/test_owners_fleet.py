@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from citadeldb_openai_agents import CitadelSessionStore, shard_for
+from citadeldb_openai_agents import CitadelSessionStore, OwnerNotFoundError, export_fleet, shard_for
 
 KEY = "a passphrase for the fleet"
 SHARDS = ["a", "b", "c"]
@@ -113,3 +113,47 @@ def test_a_shard_left_out_or_unreachable_fails_the_request_before_anything_is_er
 def test_an_owner_no_shard_holds_exits_1(fleet: dict[str, Path]) -> None:
     nobody = cli("erase", "--owner", "carol", "--yes", "--config", fleet["a"], *others(fleet, "b", "c"))
     assert nobody.returncode == 1 and "no shard of the fleet holds a session of this owner" in nobody.stderr
+
+
+def test_an_access_request_on_a_fleet_exports_every_shards_sessions_of_the_person(
+    fleet: dict[str, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "request"
+    missing = cli("export", "--owner", "alice", "--out", out, "--config", fleet["a"], *others(fleet, "b"))
+    assert missing.returncode == 1 and "pass --shard-config NAME=PATH for c" in missing.stderr
+    assert not out.exists()
+    done = cli("export", "--owner", "alice", "--out", out, "--config", fleet["a"], *others(fleet, "b", "c"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("exported 12 sessions, 12 items from the fleet (shards a, b, c) to ")
+    index = json.loads((out / "index.json").read_text())
+    assert sorted(entry["session_id"] for entry in index) == sorted(f"alice:{n}" for n in range(12))
+    assert all(entry["shard"] == shard_for(entry["session_id"], SHARDS) for entry in index)
+    assert {entry["owner"] for entry in index} == {"alice"}
+    assert all((out / entry["file"]).stat().st_mode & 0o777 == 0o600 for entry in index)
+    texts = "".join((out / entry["file"]).read_text() for entry in index)
+    assert "alice:3 said" in texts and "bob" not in texts
+    nobody = cli(
+        "export",
+        "--owner",
+        "carol",
+        "--out",
+        tmp_path / "none",
+        "--config",
+        fleet["a"],
+        *others(fleet, "b", "c"),
+    )
+    assert nobody.returncode == 1 and "no shard of the fleet" in nobody.stderr
+    assert not (tmp_path / "none").exists()
+
+
+def test_export_fleet_reads_every_shard_it_is_given(fleet: dict[str, Path], tmp_path: Path) -> None:
+    stores = {name: CitadelSessionStore(tmp_path / f"{name}.cdl", KEY, create=False) for name in SHARDS}
+    try:
+        summary = export_fleet(stores, tmp_path / "bob", owner="bob")
+        assert sorted(summary.sessions) == sorted(f"bob:{n}" for n in range(12))
+        with pytest.raises(OwnerNotFoundError):
+            export_fleet(stores, tmp_path / "carol", owner="carol")
+        assert not (tmp_path / "carol").exists()
+    finally:
+        for store in stores.values():
+            store.close()

@@ -155,6 +155,7 @@ def _add_reads(add: Any, as_json: Any) -> None:
     export.add_argument(
         "--format", choices=["jsonl", "sqlite"], default="jsonl", help="jsonl (default) or sqlite"
     )
+    owners.add_shard_config(export, _ON_A_FLEET)
     export.set_defaults(run=migration.export)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from .. import export_all, export_sqlite, import_file
 from ..people import check_owner
 from ..results import ExportSummary
-from . import render
+from . import owners, render
 from .opening import Refused, open_new_or_existing, open_store, settings_of, usage
 
 
@@ -23,6 +23,9 @@ def export(args: argparse.Namespace) -> int:
     never be answered with everyone's history by a misplaced argument.
     """
     _check_export_arguments(args)
+    shards = None if args.owner is None else owners.fleet(args)
+    if shards is not None:
+        return owners.fleet_export(args, shards)
     session_ids = None if args.every_session or args.owner else list(args.session_ids)
     if args.format == "jsonl" and session_ids is not None and len(session_ids) == 1:
         return _export_one(args, session_ids[0])

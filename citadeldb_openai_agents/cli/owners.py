@@ -1,5 +1,6 @@
 """The privacy requests' commands, by person: `erase --owner` (one receipt for the person) and
-`owner set` (the explicit change of who sessions are about). `sessions --owner` lists."""
+`owner set` (the explicit change of who sessions are about), and on a fleet `sessions --owner`
+and `export --owner` (every shard visited)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from .. import CitadelSessionStore, read_ring_file
+from .. import CitadelSessionStore, export_fleet, read_ring_file
 from ..config import CitadelSettings
 from ..errors import CitadelSessionError, OwnerNotFoundError
 from ..people import check_owner
@@ -120,6 +121,28 @@ def fleet_sessions(args: argparse.Namespace, shards: dict[str | None, CitadelSet
                 f"shard {name}: {render.shown_id(summary.session_id)} ({render.count(summary.items, 'item')})"
             )
         print(f"{render.count(len(found), 'session')} of this owner on {render.count(len(shards), 'shard')}")
+    return 0
+
+
+def fleet_export(args: argparse.Namespace, shards: dict[str | None, CitadelSettings]) -> int:
+    """`export --owner X --out DIR` on a fleet: every shard's sessions of the person in one
+    directory, each index entry naming its shard (`export_fleet`). Every shard is opened before
+    anything is written: one that cannot be reached fails the request with nothing written."""
+    with ExitStack() as stack, render.progress_bar("exporting", enabled=not args.json) as progress:
+        stores = _reached(args, shards, stack, "nothing was exported")
+        try:
+            summary = export_fleet(
+                {str(name): store for name, store in stores.items()},
+                args.out,
+                owner=args.owner,
+                progress=progress,
+            )
+        except OwnerNotFoundError as exc:
+            raise Refused(str(exc)) from None
+    where = f"the fleet (shards {', '.join(map(str, shards))})"
+    render.print_json(render.export_dict(where, summary)) if args.json else render.print_export(
+        where, summary
+    )
     return 0
 
 

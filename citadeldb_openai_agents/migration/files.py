@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -210,7 +210,50 @@ def export_all(
     else:
         summaries = store.sessions() if session_ids is None else _named(store, session_ids)
     about = {summary.session_id: summary for summary in summaries}
-    written = write_session_files(directory, list(about), store.export_session, progress, about)
+    return _written(
+        directory, write_session_files(directory, list(about), store.export_session, progress, about)
+    )
+
+
+def export_fleet(
+    stores: Mapping[str, CitadelSessionStore],
+    directory: str | os.PathLike[str],
+    *,
+    owner: str,
+    progress: Progress | None = None,
+) -> ExportSummary:
+    """An access request on a fleet: every session of `owner` on each shard (`stores`: each
+    shard's open store, by shard name), in one `directory` as `export_all` writes one file's;
+    each index entry names its session's shard. Every shard is listed before anything is
+    written. A session found whole on two shards (a move killed between its copy and its
+    erase) is written once, from the first shard named.
+
+    Raises:
+        OwnerNotFoundError: no shard holds a session of `owner`; nothing was written.
+        ExportExistsError: a target file exists; nothing was written.
+    """
+    owner = check_owner(owner, "export_fleet's owner=")
+    found: dict[str, tuple[str, CitadelSessionStore, SessionSummary]] = {}
+    for name, store in stores.items():
+        for summary in store.sessions(owner=owner):
+            found.setdefault(summary.session_id, (name, store, summary))
+    if not found:
+        raise OwnerNotFoundError(
+            f"no shard of the fleet ({', '.join(stores)}) holds a session of this owner; nothing was exported."
+        )
+    written = write_session_files(
+        directory,
+        list(found),
+        lambda sid: found[sid][1].export_session(sid),
+        progress,
+        {sid: summary for sid, (_, _, summary) in found.items()},
+        {sid: name for sid, (name, _, _) in found.items()},
+    )
+    return _written(directory, written)
+
+
+def _written(directory: str | os.PathLike[str], written: dict[str, tuple[str, int]]) -> ExportSummary:
+    """What `write_session_files` wrote, as the export's summary."""
     return ExportSummary(
         str(Path(directory).expanduser().absolute()),
         {sid: count for sid, (_, count) in written.items()},

@@ -81,9 +81,11 @@ def write_session_files(
     read: Callable[[str], SessionExport],
     progress: Progress | None = None,
     about: Mapping[str, SessionSummary] | None = None,
+    shards: Mapping[str, str] | None = None,
 ) -> dict[str, tuple[str, int]]:
     """Write each session's items to its own file in `directory`, and the index; mode 600.
-    A session `about` describes has its owner and first and last write in its index entry.
+    A session `about` describes has its owner and first and last write in its index entry,
+    one in `shards` the fleet's shard it was read from.
 
     A session's other branches get a file each too, and its index entry its stored usage.
     Every target is checked before anything is written: if one exists, nothing is.
@@ -110,16 +112,10 @@ def write_session_files(
             name = names[session_id] if branch == "main" else file_name(json.dumps([session_id, branch]))
             _write_new(folder / name, b"".join(json_line(item) for item, _ in rows))
             entry: dict[str, Any] = {"file": name, "session_id": session_id, "items": len(rows)}
-            if branch != "main":
-                entry["branch"] = branch
-            else:
-                entry |= _described((about or {}).get(session_id))
-                if session.reserved:
-                    entry["used_branch_names"] = session.reserved  # deleted branches' too
-            used = [{"user_turn_number": turn, **usage} for b, turn, usage in session.usage if b == branch]
-            if used:
-                entry["usage"] = used
-            index.append(entry)
+            if branch == "main":
+                shard = None if shards is None else shards.get(session_id)
+                entry |= _described((about or {}).get(session_id), shard, session.reserved)
+            index.append(entry | _branch_entry(session, branch))
         written[session_id] = (names[session_id], len(session.items))
         if progress is not None:
             progress(done, len(session_ids))
@@ -127,15 +123,28 @@ def write_session_files(
     return written
 
 
-def _described(summary: SessionSummary | None) -> dict[str, Any]:
-    if summary is None:
-        return {}
-    return {
-        "owner": summary.owner,
-        "labels": summary.labels,
-        "first_write": summary.first_write.isoformat(),
-        "last_write": summary.last_write.isoformat(),
-    }
+def _described(summary: SessionSummary | None, shard: str | None, reserved: list[str]) -> dict[str, Any]:
+    """A session's main entry: its owner, labels and writes, its shard, its used branch names."""
+    entry: dict[str, Any] = {}
+    if summary is not None:
+        entry |= {
+            "owner": summary.owner,
+            "labels": summary.labels,
+            "first_write": summary.first_write.isoformat(),
+            "last_write": summary.last_write.isoformat(),
+        }
+    if shard is not None:
+        entry["shard"] = shard
+    if reserved:
+        entry["used_branch_names"] = reserved  # deleted branches' too
+    return entry
+
+
+def _branch_entry(session: SessionExport, branch: str) -> dict[str, Any]:
+    """A branch's name (other than main) and the usage stored for its turns."""
+    entry: dict[str, Any] = {} if branch == "main" else {"branch": branch}
+    used = [{"user_turn_number": turn, **usage} for b, turn, usage in session.usage if b == branch]
+    return entry | ({"usage": used} if used else {})
 
 
 def _write_new(path: Path, data: bytes) -> None:
