@@ -157,3 +157,27 @@ def test_export_fleet_reads_every_shard_it_is_given(fleet: dict[str, Path], tmp_
     finally:
         for store in stores.values():
             store.close()
+
+
+def test_a_shard_that_fails_midway_is_named_with_what_was_erased_and_a_rerun_finishes(
+    fleet: dict[str, Path], tmp_path: Path
+) -> None:
+    # Shard c records its erasures in a ledger it cannot write (a directory): its erasure fails.
+    (tmp_path / "not-a-ledger").mkdir()
+    healthy = fleet["c"].read_text()
+    fleet["c"].write_text(healthy + f'erasure_ledger = "{tmp_path / "not-a-ledger"}"\n')
+    failed = cli("erase", "--owner", "alice", "--yes", "--config", fleet["a"], *others(fleet, "b", "c"))
+    assert failed.returncode == 1
+    assert "shard c failed" in failed.stderr
+    assert "erased on the shards before it (a, b) and not on c; run the command again" in failed.stderr
+    alice = {name: [sid for sid, owner in held(tmp_path, name) if owner == "alice"] for name in SHARDS}
+    assert alice["a"] == alice["b"] == [] and len(alice["c"]) == sum(
+        shard_for(f"alice:{n}", SHARDS) == "c" for n in range(12)
+    )
+    fleet["c"].write_text(healthy)
+    again = cli(
+        "erase", "--owner", "alice", "--yes", "--json", "--config", fleet["a"], *others(fleet, "b", "c")
+    )
+    assert again.returncode == 0, again.stderr
+    assert sorted(s["session_id"] for s in json.loads(again.stdout)["sessions"]) == sorted(alice["c"])
+    assert not any(owner == "alice" for name in SHARDS for _, owner in held(tmp_path, name))
