@@ -134,6 +134,20 @@ def test_an_erasure_the_ledger_cannot_hold_is_refused_and_erases_nothing(tmp_pat
         assert texts(store, "alice") == ["hello"]
 
 
+def test_a_ledger_that_is_a_symlink_is_refused_saying_so(tmp_path: Path) -> None:
+    real = tmp_path / "real.jsonl"
+    real.write_text("")
+    (tmp_path / "link.jsonl").symlink_to(real)
+    with open_store(tmp_path / "agent.cdl", tmp_path / "link.jsonl") as store:
+        add(store, "alice", "hello")
+        with pytest.raises(
+            LedgerError, match=r"is a symbolic link .to .*real.jsonl.*point erasure_ledger at the real file"
+        ) as refused:
+            store.erase_session("alice")
+        assert "writable" not in str(refused.value) and "nothing was erased" in str(refused.value)
+        assert texts(store, "alice") == ["hello"] and real.read_text() == ""
+
+
 def test_the_restore_command_replays_the_configured_ledger(
     backed_up: tuple[Path, Path, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

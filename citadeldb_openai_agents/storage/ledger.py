@@ -27,6 +27,7 @@ detectable from the ledger alone; docs/operations.md says where to keep it.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import json
@@ -104,8 +105,8 @@ class ErasureLedger:
                 return number
         except OSError as exc:
             raise LedgerError(
-                f"cannot record the erasure in the erasure ledger {self.path} ({exc.strerror or exc}); "
-                "nothing was erased. Make its directory writable, or unset erasure_ledger."
+                f"cannot record the erasure in the erasure ledger {self.path} ({_why(exc, self.path)}); "
+                "nothing was erased."
             ) from None
 
     def _next(self, descriptor: int) -> tuple[int, str]:
@@ -184,6 +185,20 @@ class ErasureLedger:
             f"line {number} of the erasure ledger {self.path} cannot be trusted: {why}. Nothing was "
             "changed. Restore the ledger from where it is copied, or ask whoever changed it."
         )
+
+
+def _why(exc: OSError, path: str) -> str:
+    """What stopped an append, and its fix: a symlink is refused on purpose (whoever can point it
+    elsewhere could send the records astray), so "make it writable" would be the wrong advice."""
+    if exc.errno == errno.ELOOP and os.path.islink(path):
+        target = os.readlink(path)
+        return (
+            f"it is a symbolic link (to {target}), and the ledger is never written through one: point "
+            "erasure_ledger at the real file"
+        )
+    if exc.errno == errno.EISDIR:
+        return "it is a directory: point erasure_ledger at a file in it"
+    return f"{exc.strerror or exc}: make its directory exist and writable by this process, or unset erasure_ledger"
 
 
 def _identity(descriptor: int) -> tuple[int, int]:
