@@ -35,6 +35,7 @@ from .errors import (
     WrongPassphraseError,
     WrongShardError,
 )
+from .migration.backups import restore_sessions
 from .migration.copy import copy_session
 from .migration.files import export_all, export_fleet, export_sqlite, import_file
 from .offline import reembed, restore_backup, verify_file
@@ -55,6 +56,7 @@ from .results import (
     ReembedSummary,
     SessionExport,
     SessionIntegrity,
+    SessionsRestoreReport,
     SessionSummary,
 )
 from .session import CitadelSession, CitadelSessionStore
@@ -109,6 +111,7 @@ __all__ = [
     "SessionNotEmptyError",
     "SessionNotFoundError",
     "SessionSummary",
+    "SessionsRestoreReport",
     "ShardMovingError",
     "StorageError",
     "WrongPassphraseError",
@@ -122,6 +125,7 @@ __all__ = [
     "read_ring_file",
     "reembed",
     "restore_backup",
+    "restore_sessions",
     "shard_for",
     "verify_file",
     "write_ring_file",

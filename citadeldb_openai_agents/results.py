@@ -356,3 +356,23 @@ class RestoreReport:
     @property
     def items_erased(self) -> int:
         return sum(self.erased.values())
+
+
+@dataclass(frozen=True)
+class SessionsRestoreReport:
+    """What `restore_sessions` did: some sessions of `backup` brought back into the file at `path`.
+
+    `restored`: each session moved in from the backup's copy (its items, compared). `replaced`:
+    the live sessions erased first to make room (``replace=True``), with their receipts.
+    `skipped`: sessions named that are not restored, with why (erased since the backup).
+    `erased`: per session restored or skipped, the items the backup held that the ledger
+    erased again. `ledger`: the ledger replayed, None when the backup was taken as it is.
+    """
+
+    path: str
+    backup: str
+    restored: list[MoveSummary]
+    replaced: dict[str, Erasure]
+    skipped: dict[str, str]
+    erased: dict[str, int]
+    ledger: str | None

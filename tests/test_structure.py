@@ -53,7 +53,7 @@ LONGER = {
     # Every operation declared once: its storage function, resend policy and wire shapes.
     "citadeldb_openai_agents.serving.operations": 460,
     # Every subcommand's parser, each help naming the library call it makes.
-    "citadeldb_openai_agents.cli.main": 440,
+    "citadeldb_openai_agents.cli.main": 460,
 }
 MAX_FUNCTION_LINES = 50
 DESIGN = PACKAGE.parent / "docs" / "design.md"

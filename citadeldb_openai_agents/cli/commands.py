@@ -26,7 +26,7 @@ from ..config import (
 )
 from ..options import DEFAULT_SYNC_MODE
 from ..people import check_owner
-from . import owners, receipts, render
+from . import migration, owners, receipts, render
 from .opening import Refused, open_store, settings_of, usage, warnings_printed
 
 
@@ -235,6 +235,8 @@ def backup(args: argparse.Namespace) -> int:
 
 
 def restore(args: argparse.Namespace) -> int:
+    if args.restore_ids or args.owner is not None:
+        return migration.restore_some(args)
     with warnings_printed():
         report = restore_from_config(
             args.backup, args.config, replace=args.replace, ledger=not args.without_ledger

@@ -346,11 +346,25 @@ def _add_recovery(add: Any, as_json: Any) -> None:
         "citadeldb_openai_agents.restore_backup(backup, path, key, erasure_ledger=...)",
         "Stop the service first. The backup is copied beside the database, the erasures the "
         "ledger (erasure_ledger) recorded are made again in the copy, the copy is verified, and "
-        "only then does it replace the database's files. Prints each session erased again.",
+        "only then does it replace the database's files. Prints each session erased again. With "
+        "--session ID or --owner X, only those sessions come back, into the live file (served or "
+        "not: restore_sessions(store, backup, key, session_ids=...)), and every other is left as it is.",
         as_json,
     )
     restore.add_argument("backup", metavar="BACKUP", help="the database file a backup wrote")
-    restore.add_argument("--replace", action="store_true", help="replace the database if it exists")
+    restore.add_argument(
+        "--session",
+        metavar="ID",
+        action="append",
+        dest="restore_ids",
+        help="bring only this session back into the live file, every other as it is (repeat for each)",
+    )
+    restore.add_argument("--owner", help="bring back only this person's sessions into the live file")
+    restore.add_argument(
+        "--replace",
+        action="store_true",
+        help="replace the database if it exists (with --session/--owner: the live sessions named)",
+    )
     restore.add_argument(
         "--without-ledger",
         action="store_true",

@@ -4,15 +4,18 @@ Agents SDK's files or from an export (the library's migration/ does the work).""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
-from .. import export_all, export_sqlite, import_file
+from .. import export_all, export_sqlite, import_file, restore_sessions
+from ..config import build_embedder
 from ..people import check_owner
-from ..results import ExportSummary
-from . import owners, render
-from .opening import Refused, open_new_or_existing, open_store, settings_of, usage
+from ..results import ExportSummary, SessionsRestoreReport
+from . import owners, receipts, render
+from .opening import Refused, open_new_or_existing, open_store, settings_of, usage, warnings_printed
 
 
 def export(args: argparse.Namespace) -> int:
@@ -128,3 +131,57 @@ def import_(args: argparse.Namespace) -> int:
     else:
         render.print_import(path, report)
     return 0
+
+
+def restore_some(args: argparse.Namespace) -> int:
+    """`restore BACKUP --session ID... | --owner X`: those sessions back into the live file."""
+    if args.restore_ids and args.owner is not None:
+        usage("restore takes --session IDs or --owner, not both; nothing was restored")
+    if args.owner is not None:
+        check_owner(args.owner, "--owner")
+    settings = settings_of(args)
+    with warnings_printed(), open_store(args, settings) as store:
+        report = restore_sessions(
+            store,
+            args.backup,
+            settings.key.get_secret_value(),
+            session_ids=args.restore_ids,
+            owner=args.owner,
+            replace=args.replace,
+            without_ledger=args.without_ledger,
+            embedder=build_embedder(settings),
+        )
+    restored_at = datetime.now(timezone.utc)
+    if args.json:
+        render.print_json(
+            {
+                **dataclasses.asdict(report),
+                "restored": [receipts.move_dict(moved, restored_at) for moved in report.restored],
+                "replaced": {
+                    sid: receipts.receipt_dict(sid, erasure, report.path, restored_at)
+                    for sid, erasure in report.replaced.items()
+                },
+            }
+        )
+        return 0
+    _print_restored(report, restored_at)
+    return 0
+
+
+def _print_restored(report: SessionsRestoreReport, restored_at: datetime) -> None:
+    items = sum(moved.items for moved in report.restored)
+    print(
+        f"restored {render.count(len(report.restored), 'session')}, {render.count(items, 'item')} from "
+        f"{report.backup} into {report.path}; every other session is as it was"
+    )
+    for moved in report.restored:
+        erased = report.erased.get(moved.session_id, 0)
+        since = f" ({render.count(erased, 'item')} erased since the backup stay erased)" if erased else ""
+        print(f"  {render.shown_id(moved.session_id)}: {render.count(moved.items, 'item')}{since}")
+    for session_id, why in report.skipped.items():
+        print(f"  skipped {render.shown_id(session_id)}: {why}")
+    for session_id, erasure in report.replaced.items():
+        print(f"replaced the live session {render.shown_id(session_id)}:")
+        receipts.print_receipt(session_id, erasure, report.path, restored_at)
+    if report.ledger is None:
+        print("no erasure ledger was replayed: what was erased from these sessions since the backup is back.")

@@ -117,7 +117,7 @@ def _owners(
     disagree = [sid for sid, (whose, _) in people.items() if owner is not None and whose not in (None, owner)]
     if disagree:
         raise ImportSourceError(
-            f"{reader.path} records another owner than the one given for {_listed(disagree)}; nothing "
+            f"{reader.path} records another owner than the one given for {named(disagree)}; nothing "
             "was imported. Leave the owner out to keep the file's, or import those sessions apart."
         )
     people = {sid: (owner if whose is None else whose, labels) for sid, (whose, labels) in people.items()}
@@ -128,13 +128,14 @@ def _owners(
             taken.append(sid)
     if taken:
         raise OwnerMismatchError(
-            f"{_listed(taken)} in {store.path} belong{'s' if len(taken) == 1 else ''} to another owner "
+            f"{named(taken)} in {store.path} belong{'s' if len(taken) == 1 else ''} to another owner "
             "than the import's; nothing was written. An owner changes only explicitly (owner set)."
         )
     return people
 
 
-def _listed(ids: list[str]) -> str:
+def named(ids: list[str]) -> str:
+    """Session ids as an error names them: the first five, quoted."""
     return f"session{'s' if len(ids) > 1 else ''} {', '.join(map(repr, ids[:5]))}{' ...' if len(ids) > 5 else ''}"
 
 
