@@ -75,12 +75,15 @@ def measure(count: int, args: argparse.Namespace) -> dict[str, float]:
         try:
             assert fleet.stdout is not None and fleet.stdout.readline().strip() == "ready"
             sessions = [f"bench-{n}" for n in range(args.sessions)]
+            token = (root / "token").read_text().strip()  # run.py's: the app wants it on every turn
             with ThreadPoolExecutor(args.clients) as pool:
-                list(pool.map(lambda s: _turn(port, s), sessions))  # warm-up: every session exists
+                list(pool.map(lambda s: _turn(port, s, token), sessions))  # warm-up: every session exists
                 log = root / "access.log"
                 warm = len(log.read_text().splitlines()) if log.exists() else 0
                 started = time.perf_counter()
-                results = list(pool.map(lambda n: _turn(port, random.choice(sessions)), range(args.requests)))
+                results = list(
+                    pool.map(lambda n: _turn(port, random.choice(sessions), token), range(args.requests))
+                )
                 elapsed = time.perf_counter() - started
             lines = log.read_text().splitlines()[warm:] if log.exists() else []
         finally:
@@ -99,10 +102,11 @@ def measure(count: int, args: argparse.Namespace) -> dict[str, float]:
     }
 
 
-def _turn(port: int, session_id: str) -> tuple[int, float]:
+def _turn(port: int, session_id: str, token: str) -> tuple[int, float]:
     started = time.perf_counter()
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    connection.request("POST", "/turn", json.dumps({"session_id": session_id, "text": "hello"}))
+    body = json.dumps({"session_id": session_id, "text": "hello"})
+    connection.request("POST", "/turn", body, {"Authorization": f"Bearer {token}"})
     response = connection.getresponse()
     response.read()
     return response.status, time.perf_counter() - started

@@ -43,10 +43,12 @@ pytestmark = pytest.mark.skipif(
 
 
 @contextmanager
-def running_fleet(tmp_path: Path, port: int) -> Iterator[None]:
-    """examples/fleet/run.py's fleet of SHARDS on `port`, until SIGTERM (its group SIGKILLed if it hangs)."""
+def running_fleet(tmp_path: Path, port: int, workers: int = 2) -> Iterator[str]:
+    """examples/fleet/run.py's fleet of SHARDS on `port`, until SIGTERM (its group SIGKILLed if it
+    hangs); yields the bearer token its app wants."""
     command = [sys.executable, str(ROOT / "examples" / "fleet" / "run.py"), "--shards", ",".join(SHARDS)]
     command += ["--port", str(port), "--dir", str(tmp_path), "--argon2-profile", "iot"]
+    command += ["--workers", str(workers)]
     fleet = subprocess.Popen(
         command,
         stdout=subprocess.PIPE,
@@ -57,7 +59,7 @@ def running_fleet(tmp_path: Path, port: int) -> Iterator[None]:
     try:
         assert fleet.stdout is not None
         assert fleet.stdout.readline().strip() == "ready", (tmp_path / "nginx.log").read_text()
-        yield
+        yield (tmp_path / "token").read_text().strip()
     finally:
         fleet.send_signal(signal.SIGTERM)
         try:
@@ -81,9 +83,14 @@ def free_ports(count: int) -> int:
     raise AssertionError("no free ports")
 
 
-def turn(port: int, session_id: str, text: str) -> tuple[int, dict[str, object]]:
+def turn(port: int, session_id: str, text: str, token: str) -> tuple[int, dict[str, object]]:
+    return post(port, json.dumps({"session_id": session_id, "text": text}).encode(), token)
+
+
+def post(port: int, body: bytes, token: str | None) -> tuple[int, dict[str, object]]:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    connection.request("POST", "/turn", json.dumps({"session_id": session_id, "text": text}))
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+    connection.request("POST", "/turn", body, headers)
     response = connection.getresponse()
     body = response.read()
     try:
@@ -92,9 +99,13 @@ def turn(port: int, session_id: str, text: str) -> tuple[int, dict[str, object]]
         return response.status, {"html": body.decode(errors="replace")[:80]}
 
 
-def turns(port: int, session_ids: list[str], text: str) -> dict[str, tuple[int, dict[str, object]]]:
+def turns(
+    port: int, session_ids: list[str], text: str, token: str
+) -> dict[str, tuple[int, dict[str, object]]]:
     with ThreadPoolExecutor(8) as pool:
-        return dict(zip(session_ids, pool.map(lambda s: turn(port, s, text), session_ids), strict=True))
+        return dict(
+            zip(session_ids, pool.map(lambda s: turn(port, s, text, token), session_ids), strict=True)
+        )
 
 
 def refused(port: int) -> None:
@@ -143,11 +154,11 @@ def test_three_shards_behind_nginx_keep_each_session_on_its_shard_and_a_dead_sha
     tmp_path: Path,
 ) -> None:
     port = free_ports(len(SHARDS) + 1)
-    with running_fleet(tmp_path, port):
+    with running_fleet(tmp_path, port) as token:
         home = {session_id: shard_for(session_id, SHARDS) for session_id in SESSIONS}
         assert set(home.values()) == set(SHARDS)
         for number in (1, 2):
-            answers = turns(port, SESSIONS, f"turn {number}")
+            answers = turns(port, SESSIONS, f"turn {number}", token)
             assert {s: (status, body.get("items")) for s, (status, body) in answers.items()} == {
                 s: (200, 2 * number) for s in SESSIONS
             }
@@ -157,7 +168,7 @@ def test_three_shards_behind_nginx_keep_each_session_on_its_shard_and_a_dead_sha
         # Dead once its port refuses: a request nginx had already sent it, for any session,
         # fails with a 502 (nginx never sends a POST twice), and the client retries it.
         refused(port + 1 + SHARDS.index("b"))
-        answers = turns(port, SESSIONS, "turn 3")
+        answers = turns(port, SESSIONS, "turn 3", token)
         for session_id, (status, body) in answers.items():
             if home[session_id] == "b":
                 assert status >= 500, (session_id, status, body)  # never a 200 from another file
@@ -170,12 +181,50 @@ def test_three_shards_behind_nginx_keep_each_session_on_its_shard_and_a_dead_sha
         assert held == mine, shard
 
 
+def test_one_worker_per_shard_is_ready_and_the_app_refuses_what_it_must_not_serve(tmp_path: Path) -> None:
+    port = free_ports(len(SHARDS) + 1)
+    with running_fleet(tmp_path, port, workers=1) as token:
+        assert turn(port, "user-1", "hello", token)[0] == 200
+        refused_without = post(port, json.dumps({"session_id": "user-1", "text": "hi"}).encode(), None)
+        assert refused_without == (401, {"error": "a bearer token is required"})
+        assert post(port, b'{"session_id": "user-1", "text": "hi"}', "not-the-token")[0] == 401
+        nested = post(port, b"[" * 30_000 + b"]" * 30_000, token)
+        assert nested == (400, {"error": "the JSON body is nested too deeply"})
+        oversized = post(port, json.dumps({"session_id": "user-1", "text": "x" * 70_000}).encode(), token)
+        assert oversized == (400, {"error": "the body is over 65536 bytes"})  # the router's, as the app's
+        # Each shard records its erasures in its own ledger, and an erasure through the CLI reaches it.
+        shard = shard_for("user-1", SHARDS)
+        config = tmp_path / shard / "citadel.toml"
+        assert f'erasure_ledger = "{tmp_path / shard / "erasures.ledger"}"' in config.read_text()
+        erased = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "citadeldb_openai_agents",
+                "erase",
+                "user-1",
+                "--yes",
+                "--config",
+                str(config),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert erased.returncode == 0, erased.stderr
+        assert f"#1 in {tmp_path / shard / 'erasures.ledger'}" in erased.stdout
+    assert (tmp_path / "token").stat().st_mode & 0o777 == 0o600
+
+
 # The long tier: 37 s of the main run's 390 (tests/test_ring_change.py makes the same change on files
 # no server holds, in the main run).
 @pytest.mark.slow
+@pytest.mark.parametrize("ledger", ["per shard", "fleet-wide"])
 def test_a_shard_added_under_load_takes_its_sessions_whole_and_only_they_are_refused_while_they_move(
-    tmp_path: Path,
+    tmp_path: Path, ledger: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    if ledger == "fleet-wide":  # every shard's erasures in one ledger, as CITADEL_ERASURE_LEDGER says
+        monkeypatch.setenv("CITADEL_ERASURE_LEDGER", str(tmp_path / "fleet.ledger"))
     port = free_ports(len(SHARDS) + 2)
     new = [*SHARDS, "d"]
     moving = {s for s in SESSIONS if shard_for(s, new) != shard_for(s, SHARDS)}
@@ -188,10 +237,10 @@ def test_a_shard_added_under_load_takes_its_sessions_whole_and_only_they_are_ref
             for session_id in mine:
                 if stop.is_set():
                     return
-                status, _ = turn(port, session_id, f"{session_id} turn {number}")
+                status, _ = turn(port, session_id, f"{session_id} turn {number}", token)
                 results.append((session_id, f"{session_id} turn {number}", status, time.monotonic()))
 
-    with running_fleet(tmp_path, port):
+    with running_fleet(tmp_path, port) as token:
         clients = [threading.Thread(target=client, args=(SESSIONS[n::4],)) for n in range(4)]
         for thread in clients:
             thread.start()
@@ -220,6 +269,13 @@ def test_a_shard_added_under_load_takes_its_sessions_whole_and_only_they_are_ref
     moved_before = {s for s, _, status, when in results if status == 200 and when < begun and s in moving}
     count = int(added.stdout.split("moved ")[1].split()[0])
     assert added.stdout.strip() == f"added d: moved {count} sessions"
+    # Each move's erasure at its old shard is in the ledger: one entry per session moved.
+    ledgers = (
+        [tmp_path / "fleet.ledger"]
+        if ledger == "fleet-wide"
+        else [tmp_path / s / "erasures.ledger" for s in SHARDS]
+    )
+    assert sum(len(path.read_text().splitlines()) for path in ledgers if path.exists()) == count
     assert len(moved_before) <= count <= len(moving)
     # Refused: only the moving sessions, only while --add ran, and only as "moving, retry" (503).
     refusals = [(s, status, when) for s, _, status, when in results if status != 200]

@@ -10,11 +10,20 @@ the router in front (nginx.conf.template) sends the request there. A session mov
 another shard during a ring change (`ShardMovingError`) is answered 503 with
 ``Retry-After: 1``; nothing of that turn is stored. ``GET /health``
 answers ``{"shard": name}``. No web framework.
+
+What it trusts: a ``POST /turn`` must carry ``Authorization: Bearer TOKEN``, the token in the
+file ``FLEET_TOKEN_FILE`` names (run.py writes a random one, mode 600), compared in constant
+time; any other request is answered 401 and reads nothing. Whoever holds the token may
+write to and read from any session (this example has no per-user identity: put a real
+authentication in front, or check the user's own token here, before serving people). The
+body is at most 64 KiB of JSON: a bigger one, or one nested past what `json` parses, is a 400.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -26,6 +35,8 @@ from citadeldb_openai_agents import CitadelSettings, ShardMovingError, WrongShar
 set_tracing_disabled(True)
 settings = CitadelSettings()
 store = from_config(settings)
+TOKEN = open(os.environ["FLEET_TOKEN_FILE"], "rb").read().strip()  # noqa: SIM115 (read once)
+MAX_BODY = 64 * 1024
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -42,11 +53,17 @@ async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
     if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != "/turn":
         await _respond(send, 404, {"error": "not found"})
         return
+    if not _authorized(scope):
+        await _respond(send, 401, {"error": "a bearer token is required"}, [(b"www-authenticate", b"Bearer")])
+        return
     try:
         request = json.loads(await _body(receive))
         session_id, text = request["session_id"], request["text"]
         if not isinstance(session_id, str) or not isinstance(text, str):
             raise TypeError("session_id and text are strings")
+    except RecursionError:
+        await _respond(send, 400, {"error": "the JSON body is nested too deeply"})
+        return
     except (ValueError, KeyError, TypeError) as exc:
         await _respond(send, 400, {"error": f"expected {{'session_id': ..., 'text': ...}}: {exc}"})
         return
@@ -80,11 +97,21 @@ async def _lifespan(receive: Receive, send: Send) -> None:
             return
 
 
+def _authorized(scope: dict[str, Any]) -> bool:
+    given = dict(scope["headers"]).get(b"authorization", b"")
+    return hmac.compare_digest(given, b"Bearer " + TOKEN)
+
+
 async def _body(receive: Receive) -> bytes:
-    chunks = []
+    """The request's body; a ValueError (a 400) past MAX_BODY, read no further."""
+    chunks, size = [], 0
     while True:
         message = await receive()
-        chunks.append(message.get("body", b""))
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise ValueError(f"the body is over {MAX_BODY} bytes")
+        chunks.append(chunk)
         if not message.get("more_body"):
             return b"".join(chunks)
 

@@ -8,7 +8,11 @@ DIR/<name>/, with its settings in DIR/<name>/citadel.toml (its file, its key fil
 fleet's ring file DIR/ring.toml and its ``shard``) and its passphrase in
 DIR/<name>/citadel.key (a new random one, mode 600, unless the file exists). nginx
 (nginx.conf.template) listens on 127.0.0.1:PORT. The process ids of each shard (uvicorn's
-master, then its workers) are in DIR/<name>/pids, one a line. Prints ``ready`` once every
+master, then its workers) are in DIR/<name>/pids, one a line. Each shard records its
+erasures in its own ledger, DIR/<name>/erasures.ledger (a fleet-wide CITADEL_ERASURE_LEDGER in
+the environment takes its place for every shard: one ledger shared by the shards' files).
+Requests to ``/turn`` need ``Authorization: Bearer TOKEN``, the token in DIR/token (a new
+random one, mode 600, unless the file exists). Prints ``ready`` once every
 shard answers through nginx, and stops everything on SIGTERM or Ctrl-C (each shard's store
 closes in its lifespan), shards added since included.
 
@@ -62,6 +66,7 @@ def main() -> int:
         ports = {name: args.port + 1 + number for number, name in enumerate(names)}
         root.mkdir(parents=True, exist_ok=True)
         (root / "ring.toml").write_text(f"shards = [{', '.join(map(json.dumps, names))}]\n")
+        _private(root / "token")
         fleet = {"port": args.port, "ports": ports, "workers": args.workers, "profile": args.argon2_profile}
         (root / "fleet.json").write_text(json.dumps(fleet))
         for name in names:
@@ -126,20 +131,29 @@ def _library(directory: Path, *command: str) -> str:
 def _start_shard(root: Path, name: str, port: int, fleet: dict[str, Any]) -> subprocess.Popen[bytes]:
     directory = root / name
     directory.mkdir(parents=True, exist_ok=True)
-    key = directory / "citadel.key"
-    if not key.exists():
-        key.touch(mode=0o600)
-        key.write_text(secrets.token_urlsafe(32) + "\n")
+    key = _private(directory / "citadel.key")
     profile = f'argon2_profile = "{fleet["profile"]}"\n' if fleet["profile"] else ""
     (directory / "citadel.toml").write_text(
         f'path = "{directory / "agent.cdl"}"\nkey_file = "{key}"\nring_file = "{root / "ring.toml"}"\n'
-        f'shard = "{name}"\n{profile}'
+        f'shard = "{name}"\nerasure_ledger = "{directory / "erasures.ledger"}"\n{profile}'
     )
-    env = {**os.environ, "CITADEL_CONFIG": str(directory / "citadel.toml")}
+    env = {
+        **os.environ,
+        "CITADEL_CONFIG": str(directory / "citadel.toml"),
+        "FLEET_TOKEN_FILE": str(root / "token"),
+    }
     command = [sys.executable, "-m", "uvicorn", "--app-dir", str(HERE), "--host", "127.0.0.1"]
     command += ["--port", str(port), "--workers", str(fleet["workers"]), "--no-access-log", "app:app"]
     log = open(directory / "server.log", "ab")  # noqa: SIM115 (the server's, for its life)
     return subprocess.Popen(command, cwd=directory, env=env, stdout=log, stderr=log, start_new_session=True)
+
+
+def _private(path: Path) -> Path:
+    """A secret file: a new random value, mode 600, unless it exists."""
+    if not path.exists():
+        path.touch(mode=0o600)
+        path.write_text(secrets.token_urlsafe(32) + "\n")
+    return path
 
 
 def _start_nginx(root: Path, port: int, ports: dict[str, int]) -> subprocess.Popen[bytes]:
@@ -186,7 +200,8 @@ def _wait_for(
             if process.poll() is not None:
                 raise SystemExit(f"{process.args[0]} exited: see {name}/server.log and nginx.log")
         children = _children(server.pid)
-        if len(children) >= workers and _healthy(port, name):
+        # One worker: uvicorn serves in its own process, with no children.
+        if len(children) >= (workers if workers > 1 else 0) and _healthy(port, name):
             pids.write_text("".join(f"{pid}\n" for pid in [server.pid, *children]))
             return
         if time.monotonic() > deadline:
