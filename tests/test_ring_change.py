@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from citadeldb_openai_agents import (
     ShardMovingError,
     WrongShardError,
     from_config,
+    read_ring_file,
     shard_for,
 )
 from citadeldb_openai_agents.shards import RingFile
@@ -244,3 +246,114 @@ def test_a_rebalanced_session_keeps_its_owner_and_labels_and_the_persons_erasure
     left = {name: asyncio.run(held(fleet[name])) for name in NEW}
     assert not any(sid in left[name] for name in NEW for sid in ann)
     assert sum(len(found) for found in left.values()) == len(IDS) - len(ann)
+
+
+def homes(fleet: dict[str, Path], names: list[str]) -> dict[str, list[tuple[str, int]]]:
+    """Each session with the shards holding it and its item count there."""
+    found: dict[str, list[tuple[str, int]]] = {}
+    for name in names:
+        for sid, count in asyncio.run(held(fleet[name])).items():
+            found.setdefault(sid, []).append((name, count))
+    return found
+
+
+def every_shard(fleet: dict[str, Path], *names: str) -> list[str]:
+    return [arg for name in names for arg in ("--shard-config", f"{name}={fleet[name]}")]
+
+
+def test_one_command_completes_a_change_or_rolls_it_back(fleet: dict[str, Path]) -> None:
+    assert cli("ring", "--begin", ",".join(NEW), "--config", fleet["a"]).returncode == 0
+    assert cli("init", "--config", fleet["d"]).returncode == 0
+    partly = cli("rebalance", "--config", fleet["a"], "--shard-config", f"d={fleet['d']}")  # a only
+    assert partly.returncode == 0, partly.stderr
+    missing = cli("ring", "--abort", "--config", fleet["a"], *every_shard(fleet, "b", "c"))
+    assert missing.returncode == 1 and "pass --shard-config NAME=PATH for d" in missing.stderr
+    assert "previous" in (fleet["a"].parent / "ring.toml").read_text()  # nothing changed
+    back = cli("ring", "--abort", "--config", fleet["a"], *every_shard(fleet, "b", "c", "d"))
+    assert back.returncode == 0, back.stderr
+    assert (
+        back.stdout.splitlines()[-1].startswith("ring change rolled back in ")
+        and "shards a, b, c" in back.stdout
+    )
+    assert (fleet["a"].parent / "ring.toml").read_text() == 'shards = ["a", "b", "c"]\n'
+    where = homes(fleet, NEW)
+    assert {sid: [shard for shard, _ in found] for sid, found in where.items()} == {
+        sid: [shard_for(sid, OLD)] for sid in IDS
+    }
+    assert all(found[0][1] == IDS.index(sid) + 1 for sid, found in where.items())  # every item home
+    # The same change again, this time carried out by one command.
+    assert cli("ring", "--begin", ",".join(NEW), "--config", fleet["a"]).returncode == 0
+    done = cli("ring", "--complete", "--config", fleet["a"], *every_shard(fleet, "b", "c", "d"))
+    assert done.returncode == 0, done.stderr
+    where = homes(fleet, NEW)
+    assert {sid: [shard for shard, _ in found] for sid, found in where.items()} == {
+        sid: [shard_for(sid, NEW)] for sid in IDS
+    }
+    assert (fleet["a"].parent / "ring.toml").read_text() == 'shards = ["a", "b", "c", "d"]\n'
+
+
+# The long tier: SIGKILLs at several moments of one command, each followed by the same command.
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["--complete", "--abort"])
+def test_a_change_cut_by_sigkill_is_finished_by_running_the_command_again(
+    fleet: dict[str, Path], command: str
+) -> None:
+    # The moving sessions made long (400 items more each), so each move takes a while to cut into.
+    moving = [sid for sid in IDS if shard_for(sid, NEW) != shard_for(sid, OLD)]
+    count = {sid: IDS.index(sid) + 1 + 400 * (sid in moving) for sid in IDS}
+    for sid in moving:
+        with from_config(fleet[shard_for(sid, OLD)]) as store:
+            store.import_items(sid, items(400, sid + " more"), mode="append")
+    assert cli("ring", "--begin", ",".join(NEW), "--config", fleet["a"]).returncode == 0
+    assert cli("init", "--config", fleet["d"]).returncode == 0
+    shards = every_shard(fleet, "b", "c", "d")
+    env = {"PATH": os.environ["PATH"], "CITADEL_KEY": KEY}
+    ring_file = fleet["a"].parent / "ring.toml"
+
+    def next_command() -> str | None:
+        """The same command while the change is under way; None once it has ended."""
+        return None if read_ring_file(ring_file)[1] is None else command
+
+    target = NEW if command == "--complete" else OLD
+
+    def settled() -> int:
+        """The sessions in the one file the target ring names (a session in two files: not yet)."""
+        where = homes(fleet, NEW)
+        return sum(found == [(shard_for(sid, target), count[sid])] for sid, found in where.items())
+
+    if command == "--abort":  # some sessions have moved: the rollback has something to bring back
+        assert cli("rebalance", "--config", fleet["a"], *shards[-2:]).returncode == 0
+        assert cli("rebalance", "--config", fleet["b"], *shards[-2:]).returncode == 0
+    before = settled()
+    cut: list[int] = []  # after each kill, settled()
+    for delay in (1.0, 1.5, 2.0, 2.5, 3.0):
+        step = next_command()
+        if step is None:
+            break
+        argv = [
+            sys.executable,
+            "-m",
+            "citadeldb_openai_agents",
+            "ring",
+            step,
+            "--config",
+            str(fleet["a"]),
+            *shards,
+        ]
+        running = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        running.kill()
+        running.wait()
+        cut.append(settled())
+    step = next_command()
+    if step is not None:
+        done = cli("ring", step, "--config", fleet["a"], *shards)
+        assert done.returncode == 0, done.stderr
+    assert read_ring_file(ring_file) == (tuple(NEW if command == "--complete" else OLD), None)
+    print(f"\n{command}: sessions settled before: {before}, after each SIGKILL: {cut} (of {len(IDS)})")
+    assert any(before < settled_then < len(IDS) for settled_then in cut), f"no kill landed mid-change: {cut}"
+    ring = NEW if command == "--complete" else OLD
+    where = homes(fleet, NEW)
+    assert {sid: found for sid, found in where.items()} == {
+        sid: [(shard_for(sid, ring), count[sid])] for sid in IDS
+    }

@@ -318,14 +318,17 @@ def _add_ring(add: Any, as_json: Any) -> None:
         "read_ring_file / write_ring_file",
         "--begin NEW records the new shards and the old ones as previous: every shard then refuses "
         "the sessions that move (ShardMovingError) until --finish, which first checks that no shard "
-        "of the old ring still holds one (give each with --shard-config). docs/deployment.md, "
-        "'Changing the ring'.",
+        "of the old ring still holds one (give each with --shard-config). --complete rebalances "
+        "every shard and finishes; --abort moves back what moved and ends with the old ring; both "
+        "resume when run again. docs/deployment.md, 'Changing the ring'.",
         shard_config,
         as_json,
     )
     change = ring.add_mutually_exclusive_group()
     change.add_argument("--begin", metavar="A,B,C", help="the fleet's new shards, comma-separated")
     change.add_argument("--finish", action="store_true", help="end the change under way")
+    change.add_argument("--complete", action="store_true", help="rebalance every shard, then finish")
+    change.add_argument("--abort", action="store_true", help="move back what moved; end with the old ring")
     ring.set_defaults(run=moving.ring)
     add(
         "rebalance",

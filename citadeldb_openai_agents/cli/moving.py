@@ -77,11 +77,13 @@ def ring(args: argparse.Namespace) -> int:
         print(f"ring change begun in {path}: from {_names(shards)} to {_names(new)}")
         print("the sessions that move are refused on every shard until `ring --finish`; next, run")
         print("`rebalance` on each shard that loses sessions")
-    elif args.finish:
+    elif args.finish or args.complete or args.abort:
         if previous is None:
             raise Refused(
                 f"no ring change is under way in {path} (shards {_names(shards)}); nothing to finish"
             )
+        if args.complete or args.abort:
+            return _carry_out(args, settings, path, shards, previous)
         _check_nothing_left(args, settings, shards, previous)
         write_ring_file(path, shards, previous=None)
         if args.json:
@@ -95,6 +97,62 @@ def ring(args: argparse.Namespace) -> int:
         under_way = "none" if previous is None else f"from {_names(previous)} (sessions moving)"
         print(f"  change:   {under_way}")
     return 0
+
+
+def _carry_out(
+    args: argparse.Namespace,
+    settings: CitadelSettings,
+    path: str,
+    shards: tuple[str, ...],
+    previous: tuple[str, ...],
+) -> int:
+    """`ring --complete` (every shard rebalanced to the new ring, then finished) or `--abort` (the
+    sessions moved so far go back to the old ring's shards, which it ends with). One command,
+    run again if interrupted: each move resumes."""
+    configs = {**({settings.shard: settings} if settings.shard else {}), **shard_configs(args)}
+    missing = sorted((set(shards) | set(previous)) - set(configs))
+    if missing:
+        raise Refused(
+            f"every shard of both rings takes part: pass --shard-config NAME=PATH for {', '.join(missing)}; "
+            "nothing was moved and the ring file was not changed"
+        )
+    if args.abort:
+        # The guard lets a moving session move either way between its two shards: going back
+        # needs no other ring file, so an interrupted --abort (or --complete) is simply run again,
+        # or the other one run instead.
+        shards, previous = previous, shards
+    moved: list[tuple[str, MoveSummary]] = []
+    for name in dict.fromkeys([*previous, *shards]):
+        moved += _move_away(args, name, configs, shards)
+    _check_nothing_left(args, settings, shards, previous)
+    write_ring_file(path, shards, previous=None)
+    if args.json:
+        return _print_ring(path, "finished", shards, None)
+    for target, summary in moved:
+        print(
+            f"moved {summary.session_id!r} to shard {target}: {render.count(summary.items, 'item')} compared"
+        )
+    done = "rolled back" if args.abort else "finished"
+    print(
+        f"ring change {done} in {path}: shards {_names(shards)} ({render.count(len(moved), 'session')} moved now)"
+    )
+    return 0
+
+
+def _move_away(
+    args: argparse.Namespace, name: str, configs: dict[str, CitadelSettings], shards: Sequence[str]
+) -> list[tuple[str, MoveSummary]]:
+    """Move every session shard `name` holds that `shards` places elsewhere to its shard."""
+    with open_store(args, configs[name]) as store, ExitStack() as stack:
+        plan: dict[str, list[str]] = defaultdict(list)
+        for session_id in store.session_ids():
+            if (home := shard_for(session_id, shards)) != name:
+                plan[home].append(session_id)
+        moved: list[tuple[str, MoveSummary]] = []
+        for home, session_ids in sorted(plan.items()):
+            other: CitadelSessionStore = stack.enter_context(open_store(args, configs[home]))
+            moved += [(home, summary) for summary in store.move_sessions(session_ids, other)]
+    return moved
 
 
 def _print_ring(path: str, change: str, shards: Sequence[str], previous: Sequence[str] | None) -> int:
