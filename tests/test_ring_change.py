@@ -166,7 +166,7 @@ def test_rebalance_without_a_change_under_way_or_without_a_target_moves_nothing(
     assert again.returncode == 1 and "under way" in again.stderr
     before = asyncio.run(held(fleet["a"]))
     missing = cli("rebalance", "--config", fleet["a"])
-    assert missing.returncode == 1 and "sessions here go to d: pass --shard-config" in missing.stderr
+    assert missing.returncode == 1 and "sessions of shard a go to d: pass --shard-config" in missing.stderr
     assert asyncio.run(held(fleet["a"])) == before
     shown = cli("ring", "--config", fleet["c"])
     assert "shards:   a, b, c, d" in shown.stdout and "from a, b, c (sessions moving)" in shown.stdout

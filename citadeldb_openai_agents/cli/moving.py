@@ -142,12 +142,19 @@ def _carry_out(
 def _move_away(
     args: argparse.Namespace, name: str, configs: dict[str, CitadelSettings], shards: Sequence[str]
 ) -> list[tuple[str, MoveSummary]]:
-    """Move every session shard `name` holds that `shards` places elsewhere to its shard."""
+    """Move every session shard `name` holds that `shards` places elsewhere to its shard (`rebalance`,
+    and each shard of `ring --complete`/`--abort`); refused, moving nothing, if a target is not in `configs`."""
     with open_store(args, configs[name]) as store, ExitStack() as stack:
         plan: dict[str, list[str]] = defaultdict(list)
         for session_id in store.session_ids():
             if (home := shard_for(session_id, shards)) != name:
                 plan[home].append(session_id)
+        missing = sorted(set(plan) - set(configs))
+        if missing:
+            raise Refused(
+                f"sessions of shard {name} go to {', '.join(missing)}: pass --shard-config NAME=PATH for "
+                "each; nothing was moved"
+            )
         moved: list[tuple[str, MoveSummary]] = []
         for home, session_ids in sorted(plan.items()):
             other: CitadelSessionStore = stack.enter_context(open_store(args, configs[home]))
@@ -170,23 +177,8 @@ def rebalance(args: argparse.Namespace) -> int:
             "no ring change is under way, so no session is moving; begin one with "
             "`ring --begin NEW,SHARDS` (docs/deployment.md, 'Changing the ring')"
         )
-    targets = shard_configs(args)
-    moved: list[tuple[str, MoveSummary]] = []
-    with open_store(args, settings) as store, ExitStack() as stack:
-        plan: dict[str, list[str]] = defaultdict(list)
-        for session_id in store.session_ids():
-            owner = shard_for(session_id, shards)
-            if owner != settings.shard:
-                plan[owner].append(session_id)
-        missing = sorted(set(plan) - set(targets))
-        if missing:
-            raise Refused(
-                f"sessions here go to {', '.join(missing)}: pass --shard-config NAME=PATH for each; "
-                "nothing was moved"
-            )
-        for owner, session_ids in sorted(plan.items()):
-            other: CitadelSessionStore = stack.enter_context(open_store(args, targets[owner]))
-            moved += [(owner, summary) for summary in store.move_sessions(session_ids, other)]
+    assert settings.shard is not None  # a ring file names this process's shard (settings' check)
+    moved = _move_away(args, settings.shard, {settings.shard: settings, **shard_configs(args)}, shards)
     moved_at = datetime.now(timezone.utc)
     for owner, summary in moved:
         if args.json:

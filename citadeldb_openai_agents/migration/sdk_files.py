@@ -65,17 +65,17 @@ class SqliteSource:
         self._connection = sqlite3.connect(f"file:{quote(self.path)}?mode=ro{untouched}", uri=True)
         self._messages = _quoted(messages_table)
         try:
-            tables = {row[0] for row in self._connection.execute("SELECT name FROM sqlite_master")}
+            self._tables = {row[0] for row in self._connection.execute("SELECT name FROM sqlite_master")}
         except sqlite3.DatabaseError as exc:
             self.close()
             raise ImportSourceError(f"{self.path} cannot be read as a SQLite database: {exc}") from None
-        if messages_table not in tables:
+        if messages_table not in self._tables:
             self.close()
             raise ImportSourceError(
-                f"{self.path} has no table {messages_table!r} (its tables: {', '.join(sorted(tables)) or 'none'}); "
+                f"{self.path} has no table {messages_table!r} (its tables: {', '.join(sorted(self._tables)) or 'none'}); "
                 "name the SDK's tables with --sessions-table and --messages-table."
             )
-        self.advanced = "message_structure" in tables
+        self.advanced = "message_structure" in self._tables
         self.kind = "AdvancedSQLiteSession file" if self.advanced else "SQLiteSession file"
         # Rows that are not JSON, skipped as the SDK skips them: per session, so that a
         # session read twice (a check, then the import) is counted once.
@@ -136,8 +136,7 @@ class SqliteSource:
 
     def used_branch_names(self, session_id: str) -> list[str]:
         """Every branch name the session used: those it holds, and (0.24) those it deleted."""
-        tables = {row[0] for row in self._connection.execute("SELECT name FROM sqlite_master")}
-        if "branch_reservations" not in tables:
+        if "branch_reservations" not in self._tables:
             return list(self.other_branches(session_id))
         rows = self._connection.execute(
             "SELECT branch_id FROM branch_reservations WHERE session_id = ? AND branch_id != 'main'",
@@ -172,8 +171,7 @@ class SqliteSource:
         """Each session's owner and labels, as an export from this package records them (its own
         table; none in the SDK's files). Checked as the store checks them: a row it would refuse
         is an `ImportSourceError` naming it, before anything is imported."""
-        tables = {row[0] for row in self._connection.execute("SELECT name FROM sqlite_master")}
-        if OWNERS_TABLE not in tables:
+        if OWNERS_TABLE not in self._tables:
             return {}
         found: dict[str, tuple[str | None, dict[str, Any] | None]] = {}
         for session_id, owner, labels in self._connection.execute(
