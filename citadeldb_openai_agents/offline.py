@@ -10,6 +10,7 @@ from .errors import KEY_ARGUMENT, WrongPassphraseError
 from .options import Argon2Profile, StoreOptions, SyncMode, check_passphrase
 from .results import IntegrityReport, Progress, ReembedSummary, RestoreReport
 from .storage import inspection, local_file
+from .storage.ledger import LedgerHead
 from .storage.restore import restore
 
 
@@ -54,10 +55,12 @@ def restore_backup(
     key: str,
     *,
     erasure_ledger: str | os.PathLike[str] | None,
+    ledger_mirror: str | os.PathLike[str] | None = None,
     embedder: Any | None = None,
     argon2_profile: Argon2Profile | None = None,
     sync_mode: SyncMode | None = None,
     replace: bool = False,
+    ledger_head: tuple[int, str] | None = None,
 ) -> RestoreReport:
     """Put the backup `backup` at `path`, erasing again what the erasure ledger recorded since.
 
@@ -67,6 +70,12 @@ def restore_backup(
     backup as it is (every erasure since it was taken comes back). The copy is verified
     before it replaces anything; a file at `path` is replaced only with ``replace=True``,
     and never while a process holds it (`DatabaseLockedError`).
+
+    The ledger must reach the head that the backup and the file at `path` recorded (`LedgerError`
+    naming the missing entry otherwise: someone cut it short); with `ledger_mirror`, the
+    longer authentic chain of the two copies is replayed, and the report's `ledger_notes` say
+    where they disagree. `ledger_head` is one more head it must reach (`restore_sessions` gives
+    the live store's `erasure_ledger_head`).
     """
     try:
         return restore(
@@ -74,6 +83,8 @@ def restore_backup(
             path,
             check_passphrase(key),
             ledger=None if erasure_ledger is None else os.fspath(erasure_ledger),
+            mirror=None if ledger_mirror is None else os.fspath(ledger_mirror),
+            at_least=None if ledger_head is None else LedgerHead(*ledger_head),
             embedder=resolve_embedder(embedder),
             options=StoreOptions.of(argon2_profile=argon2_profile, sync_mode=sync_mode),
             replace=replace,

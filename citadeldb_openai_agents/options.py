@@ -83,7 +83,9 @@ def check_max_items(count: Any) -> int | None:
 
 
 # The settings every process on one file must share; a store may adopt the owner's (`check_adopt`).
-FIXED_PER_FILE = ("ttl", "embedder", "sync_mode", "erasure_ledger", "ttl_mode", "idle_ttl")
+FIXED_PER_FILE = (
+    "ttl", "embedder", "sync_mode", "erasure_ledger", "ledger_mirror", "ttl_mode", "idle_ttl"
+)  # fmt: skip
 
 
 def check_adopt(names: Any) -> frozenset[str]:
@@ -198,6 +200,7 @@ class StoreOptions:
     ttl: float | None = None
     sync_mode: SyncMode = DEFAULT_SYNC_MODE
     erasure_ledger: str | None = None  # absolute
+    ledger_mirror: str | None = None  # absolute: a second copy of the ledger (storage/ledger.py)
     ttl_mode: TtlMode = "item"
     idle_ttl: float | None = None
     argon2_profile: Argon2Profile | None = None  # a new file's; an existing one keeps its own
@@ -259,7 +262,7 @@ class StoreOptions:
             return "no ttl (keep forever)" if value is None else f"ttl {format_duration(value)}"
         if name == "idle_ttl":
             return "none (never for idleness)" if value is None else format_duration(value)
-        if name == "erasure_ledger":
+        if name in ("erasure_ledger", "ledger_mirror"):
             return "none" if value is None else repr(value)
         return repr(value)
 
@@ -325,6 +328,7 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "ttl": check_ttl,
     "sync_mode": check_sync_mode,
     "erasure_ledger": _absolute,
+    "ledger_mirror": _absolute,
     "ttl_mode": check_ttl_mode,
     "idle_ttl": check_idle_ttl,
     "argon2_profile": check_argon2_profile,

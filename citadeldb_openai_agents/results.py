@@ -352,6 +352,8 @@ class RestoreReport:
     ledger_entries: int  # this file's entries in the erasure ledger (0 without one)
     erased: dict[str, int]  # per session, items the backup held that the ledger erased
     ledger: str | None
+    # Where the ledger's copies disagree, or why the live file's head was not compared.
+    ledger_notes: tuple[str, ...] = ()
 
     @property
     def items_erased(self) -> int:

@@ -463,6 +463,9 @@ class CitadelSessionStore(FileStore):
             Or `ring_file` in place of `shards`: a file an operator rewrites to change the ring live.
         erasure_ledger: A file outside the database where the owner records every erasure
             before it starts (`LedgerError` if it cannot), so `restore_backup` erases it again.
+            The file keeps the ledger's head: a ledger cut short is refused when read or appended to.
+        ledger_mirror: A second copy of the ledger (another volume): every erasure is
+            written to both, and refused if either cannot be; a restore reads the longer chain.
         max_items: The most items a session keeps: each `add_items` erases the oldest beyond it,
             as `pop_item` erases (keys destroyed). None: no cap. `session(...)` may give a session
             its own ``max_items``, ``ttl_mode`` and ``idle_ttl``.

@@ -75,6 +75,7 @@ class FileStore:
         shards: Sequence[str] | None = None,
         shard: str | None = None,
         erasure_ledger: str | os.PathLike[str] | None = None,
+        ledger_mirror: str | os.PathLike[str] | None = None,
         ring_file: str | os.PathLike[str] | None = None,
         max_items: int | None = None,
         ttl_mode: TtlMode | None = None,
@@ -92,7 +93,8 @@ class FileStore:
             # The one options value, built once and passed whole (options.StoreOptions).
             options = StoreOptions.of(
                 ttl=ttl, ttl_mode=ttl_mode, idle_ttl=idle_ttl, sync_mode=sync_mode,
-                erasure_ledger=erasure_ledger, argon2_profile=argon2_profile, cache_size=cache_size,
+                erasure_ledger=erasure_ledger, ledger_mirror=ledger_mirror,
+                argon2_profile=argon2_profile, cache_size=cache_size,
             )  # fmt: skip
             self._closed, self._close_lock = False, threading.Lock()
             self._file = SharedFile(
@@ -152,6 +154,12 @@ class FileStore:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def erasure_ledger_head(self) -> tuple[int, str] | None:
+        """The erasure ledger's newest entry (number, MAC) as the file records it; None: none yet."""
+        self._check_open()
+        return self._file.call(ops.LEDGER_HEAD)
+
     def session_ids(self) -> list[str]:
         """The ids of the sessions holding at least one live item, sorted."""
         self._check_open()
@@ -171,11 +179,9 @@ class FileStore:
         return self.purge(progress=progress).items_erased
 
     def erase_session(self, session_id: str) -> Erasure:
-        """Erase a session's items (keys destroyed) and return Citadel's evidence.
-
-        The same erasure as `CitadelSession.clear_session`, plus a readback: each
-        erased item is verified ``missing`` by Citadel. Counts only live items;
-        expired ones still stored are erased too.
+        """Erase a session's items (keys destroyed) and return Citadel's evidence: the erasure of
+        `CitadelSession.clear_session`, plus a readback in which Citadel calls each erased item
+        ``missing``. Counts only live items; expired ones still stored are erased too.
 
         Raises:
             SessionNotFoundError: the file holds nothing under this id.
@@ -190,10 +196,9 @@ class FileStore:
         self, session_ids: list[str], *, confirm: Callable[[dict[str, int]], None] | None = None
     ) -> list[tuple[str, Erasure]]:
         """Erase several sessions (duplicates once), all or nothing: every id is checked before any
-        is erased; returns each id, in the order given, with its receipt.
-
-        `confirm` is called with each id's item count once every id is known to hold items,
-        before anything is erased; raising from it erases nothing.
+        is erased; returns each id, in the order given, with its receipt. `confirm` is called with
+        each id's item count once every id is known to hold items, before anything is erased;
+        raising from it erases nothing.
 
         Raises:
             SessionNotFoundError: an id holds nothing; it names every such id; nothing was erased.
@@ -211,11 +216,9 @@ class FileStore:
 
     def sessions(self, *, owner: str | None = None, owned: bool | None = None) -> list[SessionSummary]:
         """Every session holding a live item: its id, item count, first and last write, owner.
-
         `owner` lists only that person's sessions; `owned=False` those that have no owner
         (`owned=True`: those that have one). Chosen from the file's records before any session
-        is read: one owner's few sessions in a file of thousands are listed quickly.
-        """
+        is read: one owner's few sessions in a file of thousands are listed quickly."""
         self._check_open()
         if owner is not None:
             owner = check_owner(owner, "sessions' owner=")

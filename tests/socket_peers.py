@@ -34,6 +34,7 @@ def authenticated_peer(db_path: Path, key: str, socket_key: SocketKey | None = N
                     "ttl": None,
                     "sync_mode": "full",
                     "erasure_ledger": None,
+                    "ledger_mirror": None,
                     "ttl_mode": "item",
                     "idle_ttl": None,
                     "argon2_profile": None,

@@ -17,6 +17,7 @@ from test_owners import serving
 from citadeldb_openai_agents import (
     CitadelSessionStore,
     ConfigurationError,
+    LedgerError,
     SessionNotEmptyError,
     SessionNotFoundError,
     restore_sessions,
@@ -163,3 +164,16 @@ def test_the_cli_restores_named_sessions_and_says_which_stay_erased(
     assert mixed.value.code == 2 and "--session IDs or --owner, not both" in capsys.readouterr().err
     assert main(["restore", str(backup), "--owner", ""]) == 1
     assert "--owner: an owner cannot be empty" in capsys.readouterr().err
+
+
+def test_a_ledger_cut_short_of_the_live_files_head_restores_nothing(live: tuple[Path, Path, Path]) -> None:
+    """The backup's copy recorded no erasure: only the live file's head, asked of its owner, shows
+    that the ledger was emptied; without it, alice (erased since the backup) would come back."""
+    database, ledger, backup = live
+    ledger.write_bytes(b"")
+    with serving(database, ledger), opened(database, ledger) as client:
+        assert client.erasure_ledger_head is not None and client.erasure_ledger_head[0] == 2
+        before = everything(client)
+        with pytest.raises(LedgerError, match="ends at entry 0 .* but the file recorded entry 2"):
+            restore_sessions(client, backup, KEY, session_ids=["alice"])
+        assert everything(client) == before and "alice" not in before

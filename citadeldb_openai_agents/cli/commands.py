@@ -254,6 +254,8 @@ def restore(args: argparse.Namespace) -> int:
     )
     for session_id, items in sorted(report.erased.items()):
         print(f"  {session_id}  {render.count(items, 'item')}")
+    for note in report.ledger_notes:
+        print(f"note: {note}")
     return 0
 
 

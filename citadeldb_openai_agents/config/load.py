@@ -166,6 +166,7 @@ def restore_from_config(
             settings.path,
             settings.key.get_secret_value(),
             erasure_ledger=settings.erasure_ledger if ledger else None,
+            ledger_mirror=settings.ledger_mirror if ledger else None,
             embedder=build_embedder(settings),
             argon2_profile=settings.argon2_profile,
             sync_mode=settings.sync_mode,

@@ -193,6 +193,11 @@ class CitadelSettings(BaseSettings):
         description="where every erasure of the file is recorded (no session id in the clear), so that "
         "restore never brings back what was erased after a backup; unset: not recorded",
     )
+    ledger_mirror: Path | None = Field(
+        None,
+        description="a second copy of the erasure ledger, on another volume: every erasure is written to "
+        "both (refused if either cannot be), and restore reads the longer authentic chain",
+    )
 
     _provenance: dict[str, Provenance] = PrivateAttr(default_factory=dict)
     _config_file: Path | None = PrivateAttr(default=None)
@@ -326,7 +331,7 @@ class CitadelSettings(BaseSettings):
         Ring.of(shards, shard)  # ValueError: one without the other, or not one of them
         return shard
 
-    @field_validator("path", "key_file", "secrets_dir", "erasure_ledger", "ring_file")
+    @field_validator("path", "key_file", "secrets_dir", "erasure_ledger", "ledger_mirror", "ring_file")
     @classmethod
     def _expand_home(cls, path: Path | None) -> Path | None:
         return None if path is None else path.expanduser()

@@ -62,7 +62,7 @@ def restore_sessions(
     staging = tempfile.mkdtemp(prefix=".restoring-", dir=os.path.dirname(store.path))
     try:
         copy_path = os.path.join(staging, "backup.cdl")
-        replayed = restore_backup(backup, copy_path, key, erasure_ledger=ledger, embedder=embedder)
+        replayed = restore_backup(backup, copy_path, key, embedder=embedder, **ledger)
         with CitadelSessionStore(copy_path, key, embedder=embedder, create=False, serve=False) as copy:
             chosen, skipped = _chosen(copy, replayed, session_ids, owner)
             replaced = _make_room(store, chosen, replace)
@@ -71,7 +71,9 @@ def restore_sessions(
         del key  # as in CitadelSessionStore.__init__: a failed frame's locals are recorded
         shutil.rmtree(staging, ignore_errors=True)
     erased = {sid: n for sid, n in replayed.erased.items() if sid in chosen or sid in skipped}
-    return SessionsRestoreReport(store.path, replayed.backup, moved, replaced, skipped, erased, ledger)
+    return SessionsRestoreReport(
+        store.path, replayed.backup, moved, replaced, skipped, erased, ledger["erasure_ledger"]
+    )
 
 
 def _make_room(store: CitadelSessionStore, chosen: list[str], replace: bool) -> dict[str, Erasure]:
@@ -86,10 +88,12 @@ def _make_room(store: CitadelSessionStore, chosen: list[str], replace: bool) -> 
     return {sid: store.erase_session(sid) for sid in held}
 
 
-def _ledger(store: CitadelSessionStore, without_ledger: bool) -> str | None:
-    """The ledger to replay on the backup's copy: the store's; refused when it keeps none."""
+def _ledger(store: CitadelSessionStore, without_ledger: bool) -> dict[str, Any]:
+    """The ledger to replay on the backup's copy (`restore_backup`'s arguments): the store's, its
+    copies required to reach the head the live file records, as over a whole file; refused when
+    the store keeps none."""
     if without_ledger:
-        return None
+        return {"erasure_ledger": None}
     if store.options.erasure_ledger is None:
         raise ConfigurationError(
             [
@@ -98,7 +102,11 @@ def _ledger(store: CitadelSessionStore, without_ledger: bool) -> str | None:
                 "as the backup holds them (without_ledger=True, --without-ledger); nothing was restored"
             ]
         )
-    return store.options.erasure_ledger
+    return {
+        "erasure_ledger": store.options.erasure_ledger,
+        "ledger_mirror": store.options.ledger_mirror,
+        "ledger_head": store.erasure_ledger_head,
+    }
 
 
 def _chosen(

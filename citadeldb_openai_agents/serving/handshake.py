@@ -29,7 +29,7 @@ from .address import SocketKey
 from .channel import Channel
 from .operations import ProtocolError
 
-VERSION = 13  # 13: an erasure names its ledger entries; 12: owners and labels (a batch's, claim_owner, set_owner, about, begin_owner_erasure, search_owner; summaries by owner); 11: the terms are the store's whole options (StoreOptions); 10: the branch, turn and usage operations and `reserved`; 9: how long sessions live in the terms, a batch's session options, purge's report; 8: a batch's max_items; 7: the erasure ledger in the terms; 6: a batch as one record; 5: this handshake and JSON frames (1-4: multiprocessing.connection)
+VERSION = 14  # 14: the erasure ledger's mirror in the terms; 13: an erasure names its ledger entries; 12: owners and labels (a batch's, claim_owner, set_owner, about, begin_owner_erasure, search_owner; summaries by owner); 11: the terms are the store's whole options (StoreOptions); 10: the branch, turn and usage operations and `reserved`; 9: how long sessions live in the terms, a batch's session options, purge's report; 8: a batch's max_items; 7: the erasure ledger in the terms; 6: a batch as one record; 5: this handshake and JSON frames (1-4: multiprocessing.connection)
 _MAGIC = b"CDLS"
 _NONCE = 32
 _SO_PEERCRED = getattr(socket, "SO_PEERCRED", None)

@@ -398,6 +398,10 @@ BEGIN_OWNER_ERASURE = Operation[tuple[list[str], bool]](
 PURGE = Operation[PurgeReport](
     "purge", LocalFile.purge, (), _PURGE, resend=True, reports=True, to_wire=_plain, session=False
 )
+# The erasure ledger's head the file records (storage/ledger.py): what a restore must reach.
+LEDGER_HEAD = Operation[tuple[int, str] | None](
+    "ledger_head", lambda file: file.ledger_head, (), optional(pair(whole, text)), resend=True, session=False
+)
 VERIFY = Operation[IntegrityReport](
     "verify", LocalFile.verify, (), _REPORT, resend=True, reports=True, to_wire=_plain, session=False
 )
@@ -438,6 +442,7 @@ OPERATIONS: dict[str, Operation[Any]] = {
         BEGIN_OWNER_ERASURE,
         SEARCH_OWNER,
         PURGE,
+        LEDGER_HEAD,
         VERIFY,
         BACKUP,
     )

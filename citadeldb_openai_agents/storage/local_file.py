@@ -39,7 +39,7 @@ from .completeness import now_micros
 from .engine import OpenDatabase, database_options
 from .files import copy_watched, database_files, make_private, page_layout, private_files, resolve_path
 from .inspection import integrity_report
-from .ledger import LedgerEntry
+from .ledger import LedgerEntry, LedgerHead, LedgerReading
 from .reembed import reembed_file
 from .search_upkeep import store_all_pending
 from .segment_cache import SessionState
@@ -204,7 +204,12 @@ class LocalFile:
             if expected
         ]
         try:
-            held, ledgered = self.erased_still_held(), []
+            # The ledger reaches the head this file recorded, and its copies agree, or it is a finding.
+            reading = None if self._layout.erasures.ledger is None else self._layout.erasures.ledger.read()
+            held = self.erased_still_held([] if reading is None else reading.entries)
+            ledgered = (
+                [] if reading is None else [f"erasure ledger: {note}" for note in reading.disagreements]
+            )
         except LedgerError as exc:  # reported, like any other damage found
             held, ledgered = {}, [str(exc)]
         ledgered += [
@@ -219,7 +224,7 @@ class LocalFile:
     def erased_still_held(self, entries: list[LedgerEntry] | None = None) -> dict[str, int]:
         """Per session, the live items the ledger's `entries` (all of this file's) say were erased."""
         if entries is None:
-            entries = [] if self._layout.ledger is None else self._layout.ledger.entries()
+            entries = [] if self._layout.erasures.ledger is None else self._layout.erasures.ledger.entries()
         by_hid: dict[str, list[LedgerEntry]] = {}
         for entry in entries:
             by_hid.setdefault(entry.session, []).append(entry)
@@ -231,9 +236,22 @@ class LocalFile:
                     held[state.session_id] = held.get(state.session_id, 0) + count
         return held
 
-    def ledger_entries(self, path: str) -> list[LedgerEntry]:
-        """This file's entries in the erasure ledger at `path` (`LedgerError` if one is not authentic)."""
-        return self._layout.ledger_at(path).entries()
+    @property
+    def ledger_head(self) -> LedgerHead | None:
+        """The erasure ledger's head this file recorded (None: it recorded no erasure)."""
+        return self._layout.erasures.head
+
+    def ledger_reading(
+        self, path: str, mirror: str | None = None, at_least: LedgerHead | None = None
+    ) -> LedgerReading:
+        """This file's entries in the erasure ledger at `path` (and `mirror`): `LedgerError` if
+        none is authentic, or the longest falls short of this file's head or of `at_least`."""
+        return self._layout.erasures.at(path, mirror).read(at_least)
+
+    def adopt_ledger_head(self, head: LedgerHead | None) -> None:
+        """Record `head` as this file's (a restored copy, once the ledger is replayed)."""
+        with self._database.operation() as memory:
+            self._layout.adopt_ledger_head(memory, head)
 
     def replay(self, entries: list[LedgerEntry]) -> dict[str, int]:
         """Erase what `entries` name (a restored backup's); per session the items erased."""
@@ -416,7 +434,9 @@ def _shared_layout(database: OpenDatabase, embedder: Embedder, options: StoreOpt
                     database.region_writes,
                     database.path,
                 )
-                layout.keep_ledger(options.erasure_ledger)  # before recovery, which may finish an erasure
+                layout.erasures.keep(
+                    options.erasure_ledger, options.ledger_mirror
+                )  # before recovery, which may finish an erasure
                 layout.keep_retention(options)
                 suffix.recover(layout, memory)  # before any read: old suffix or new, never both
             database.layout = layout

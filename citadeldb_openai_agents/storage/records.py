@@ -102,6 +102,9 @@ class CatalogRecord:
     owner: str | None = None
     owner_since: int | None = None
     labels: dict[str, Any] | None = None  # MAIN's: a few the application gave (listings return them)
+    # The erasure ledger's head (number, MAC) after this session's newest erasure, written in the
+    # commit that announces it: the file's head is the newest of these and the layout record's.
+    ledger: list[Any] | None = None
 
     def to_payload(self) -> dict[str, Any]:
         payload: dict[str, Any] = {
@@ -128,6 +131,8 @@ class CatalogRecord:
             payload["owner"], payload["owner_since"] = self.owner, self.owner_since
         if self.labels is not None:
             payload["labels"] = self.labels
+        if self.ledger is not None:
+            payload["ledger"] = self.ledger
         try:
             self.session_id.encode("utf-8")
             payload["session"] = self.session_id
@@ -158,6 +163,7 @@ class CatalogRecord:
             usage=bool(payload.get("usage")),
             copying=bool(payload.get("copying")),
             owner=payload.get("owner"),
+            ledger=payload.get("ledger"),
             owner_since=payload.get("owner_since"),
             labels=payload.get("labels"),
         )

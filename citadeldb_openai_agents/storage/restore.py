@@ -9,6 +9,7 @@ from contextlib import suppress
 from ..embedders.protocol import Embedder
 from ..errors import (
     BackupExistsError,
+    CitadelSessionError,
     CorruptDatabaseError,
     DatabaseLockedError,
     DatabaseNotFoundError,
@@ -16,7 +17,9 @@ from ..errors import (
 )
 from ..options import StoreOptions
 from ..results import RestoreReport
+from .erasure_notes import later
 from .files import COMPANION_SUFFIXES, database_files, resolve_path
+from .ledger import LedgerEntry, LedgerHead
 from .local_file import LocalFile
 from .lockholder import find_lock_holder
 
@@ -27,19 +30,26 @@ def restore(
     key: str,
     *,
     ledger: str | None,
+    mirror: str | None = None,
+    at_least: LedgerHead | None = None,
     embedder: Embedder,
     options: StoreOptions,
     replace: bool,
 ) -> RestoreReport:
-    """Copy `backup` beside `path`, erase there what `ledger` names, verify it, then move it in.
+    """Copy `backup` beside `path`, erase there what `ledger` (and `mirror`) names, verify it,
+    then move it in.
 
     Nothing at `path` changes until the copy is verified: a wrong passphrase, a damaged
-    backup or an untrustworthy ledger leaves it as it was.
+    backup or an untrustworthy ledger leaves it as it was. The ledger must reach the head the
+    backup recorded and the one the file at `path` records (when it opens): a ledger cut short
+    since would let an erasure come back.
     """
     keys = [key]
     del key  # only `keys` holds it, emptied at the open: error trackers record frames' locals
     source, target = resolve_path(backup), resolve_path(path)  # the file a store on `path` opens
     _check_target(source, target, replace)
+    live_head, notes = (None, []) if ledger is None else _live_head(target, keys[0], embedder, options)
+    live_head = later(live_head, at_least)
     staged = f"{target}.restoring-{os.getpid()}"
     try:
         for name, copy in zip(database_files(source), database_files(staged), strict=True):
@@ -47,8 +57,7 @@ def restore(
                 _private_copy(name, copy)
         local = _open_staged(staged, keys.pop(), source, target, embedder, options)
         try:
-            entries = [] if ledger is None else local.ledger_entries(ledger)
-            erased = local.replay(entries)
+            entries, erased = _replay(local, ledger, mirror, live_head, notes)
             report = local.verify()
             sessions = len(local.session_ids())
         finally:
@@ -58,18 +67,60 @@ def restore(
                 f"the backup {source} does not verify ({'; '.join(report.findings) or 'damaged items or pages'}); "
                 f"{target} was not changed."
             )
-        for name, copy in zip(database_files(staged), database_files(target), strict=True):
-            if os.path.exists(name):
-                os.replace(name, copy)
-            else:
-                with suppress(FileNotFoundError):
-                    os.remove(copy)  # a companion the backup has not must not stay beside it
+        _move_in(staged, target)
     finally:
         keys.clear()
         for name in database_files(staged):
             with suppress(FileNotFoundError):
                 os.remove(name)
-    return RestoreReport(target, source, sessions, len(entries), erased, ledger)
+    return RestoreReport(target, source, sessions, len(entries), erased, ledger, tuple(notes))
+
+
+def _move_in(staged: str, target: str) -> None:
+    for name, copy in zip(database_files(staged), database_files(target), strict=True):
+        if os.path.exists(name):
+            os.replace(name, copy)
+        else:
+            with suppress(FileNotFoundError):
+                os.remove(copy)  # a companion the backup has not must not stay beside it
+
+
+def _replay(
+    local: LocalFile, ledger: str | None, mirror: str | None, live_head: LedgerHead | None, notes: list[str]
+) -> tuple[list[LedgerEntry], dict[str, int]]:
+    """Erase in the backup's copy what the ledger names (its entries, and the items per session)."""
+    if ledger is None:
+        return [], {}
+    reading = local.ledger_reading(ledger, mirror, at_least=live_head)
+    erased = local.replay(reading.entries)
+    # The copy's head is the ledger's now: cutting what this restore replayed shows later.
+    local.adopt_ledger_head(reading.head)
+    notes += [f"erasure ledger: {note}" for note in reading.disagreements]
+    return reading.entries, erased
+
+
+def _live_head(
+    target: str, key: str, embedder: Embedder, options: StoreOptions
+) -> tuple[LedgerHead | None, list[str]]:
+    """The ledger head the file being replaced records, so the ledger must reach it; None when
+    there is no file or it does not open (damaged, another passphrase): said in the report, as
+    then only the backup's head and the ledger's copies (a mirror) stand against a cut ledger."""
+    if not os.path.isfile(target):
+        return None, []
+    try:
+        live = LocalFile(target, key, embedder=embedder, options=options, create=False)
+    except CitadelSessionError as exc:
+        cause = type(exc).__name__
+        return None, [
+            f"{target} did not open ({cause}), so the ledger was checked against the backup's head and "
+            "its own copies only (docs/reliability.md: what the mirror is for)"
+        ]
+    finally:
+        del key
+    try:
+        return live.ledger_head, []
+    finally:
+        live.release()
 
 
 def _open_staged(

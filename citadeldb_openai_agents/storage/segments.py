@@ -48,7 +48,8 @@ from ..options import StoreOptions
 from .audit import AuditVerdict
 from .codec import ITEM_KIND
 from .completeness import CompletenessCheck, RowReader, now_micros
-from .ledger import ErasureLedger
+from .erasure_notes import ErasureNotes
+from .ledger import LedgerHead
 from .records import (
     CATALOG_KIND,
     CATALOG_REGION,
@@ -119,8 +120,6 @@ class SessionLayout:
         self._attach(memory, META_REGION)
         self._attach(memory, CATALOG_REGION)
         self._salt, layout_format = self._load_meta(memory)
-        # Where this file's erasures are recorded (ledger.py); None: they are not.
-        self.ledger: ErasureLedger | None = None
         # How long its sessions live (retention.py): the first store to open the file here sets it.
         self.retention = StoreOptions()
         self._retention_set = False
@@ -177,10 +176,12 @@ class SessionLayout:
                     count.session_id,
                     self.path,
                 )
+        self.erasures = ErasureNotes(self._salt, self._meta.get("ledger_head"))  # and the ledger's head
         for hit in memory.fetch(CATALOG_REGION, CATALOG_KIND, limit=ALL):
             record = CatalogRecord.from_payload(hit.payload)
             state = self._new_state(record.session_id, record.branch)
             state.catalog_id, state.record = hit.id, record
+            self.erasures.saw(record)
         for name in _region_names(memory, verdict.leftovers):
             parsed = parse_segment(name)
             if parsed is None:
@@ -204,7 +205,7 @@ class SessionLayout:
             if left is not None and (left.clearing or left.copying) and state.catalog_id is not None:
                 # A clear (or a branch's copy) a crash interrupted: its segments went above (the
                 # audit named them left over), its record goes last.
-                memory.forget(CATALOG_REGION, [state.catalog_id])
+                self.forget_record(memory, state)
                 self.forget_state(state)
 
     def _upgrade(self, memory: Memory) -> None:
@@ -301,14 +302,22 @@ class SessionLayout:
         self._attach(memory, name)
         return name
 
-    def ledger_at(self, path: str) -> ErasureLedger:
-        """The erasure ledger at `path` as this file reads it (its salt keys the entries)."""
-        return ErasureLedger(path, self._salt)
+    def adopt_ledger_head(self, memory: Memory, head: LedgerHead | None) -> None:
+        """A restored file's head: the ledger's, once its entries are replayed, so a ledger cut
+        short after the restore is refused as one cut short before it."""
+        if self.erasures.adopted(head):
+            self.update_meta(memory, ledger_head=list(self.erasures.head or ()))
 
-    def keep_ledger(self, path: str | None) -> None:
-        """Record this file's erasures at `path` from now on (the first store to name one sets it)."""
-        if path is not None and self.ledger is None:
-            self.ledger = ErasureLedger(path, self._salt)
+    def forget_record(self, memory: Memory, state: SessionState) -> str:
+        """Forget the session's catalog record (its key destroyed), handing the ledger head it holds
+        to the layout record first (erasure_notes.py); the algorithm of the receipt."""
+        assert state.catalog_id is not None
+        head = self.erasures.handed_over(self._meta.get("ledger_head"), state.record)
+        if head is not None:
+            self.update_meta(memory, ledger_head=list(head))
+        algorithm = str(memory.forget(CATALOG_REGION, [state.catalog_id]).algorithm)
+        state.catalog_id = None
+        return algorithm
 
     def keep_retention(self, retention: StoreOptions) -> None:
         """Its sessions' TTL mode and idle time from now on: the first store here sets them, and
@@ -320,18 +329,6 @@ class SessionLayout:
                 f"{self.path} is already open in this process with {self.retention.describe_rules()}; this "
                 f"store asked for {retention.describe_rules()}. Every store on one file ends sessions by the same rules."
             )
-
-    def note_erasing(self, state: SessionState, hits: list[AtomHit]) -> None:
-        """In the ledger, before they are erased: these items of the session."""
-        if self.ledger is not None:
-            self.ledger.record_items(state.hid, [(hit.id, hit.created_at) for hit in hits])
-
-    def note_clearing(self, state: SessionState, newest: AtomHit | None) -> int | None:
-        """In the ledger, before they are erased: every item of the session up to `newest`
-        (the entry's number; None: no ledger, or nothing to erase)."""
-        if self.ledger is None or newest is None:
-            return None
-        return self.ledger.record_session(state.hid, newest.created_at)
 
     def live_hits(self, memory: Memory, state: SessionState, number: int) -> list[AtomHit]:
         return memory.fetch(self.region(memory, state, number), ITEM_KIND, limit=ALL)

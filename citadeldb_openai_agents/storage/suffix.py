@@ -148,7 +148,7 @@ def erase_items(layout: SessionLayout, memory: Memory, state: SessionState, atom
         erasing = [hit for hit in hits if hit.id in remaining]
         here = [hit.id for hit in erasing]
         remaining.difference_update(here)
-        layout.note_erasing(state, erasing)
+        noted = layout.erasures.items(state, erasing)
         tail = number == state.segments[-1]
         if here and len(here) == len(hits) and not tail:
             layout.drop_segment(memory, state, number)  # its keys go with it (tests/test_erasure.py)
@@ -158,7 +158,7 @@ def erase_items(layout: SessionLayout, memory: Memory, state: SessionState, atom
                 # the usage is announced as the items were (a crash mid-erasure is not damage).
                 blocks = search_upkeep.take_out(layout, memory, state, number, here)
                 used = usage.anchored(layout, memory, state, number, here)
-                if used:
+                if used or noted:  # and the ledger's new head, before the erasure
                     record = layout.record(state)
                     record.erasing = [*record.erasing, *used]
                     layout.write_record(memory, state)

@@ -29,7 +29,6 @@ from .codec import (
 )
 from .completeness import now_micros
 from .reads import newest, newest_hit, newest_in
-from .records import CATALOG_REGION
 from .search_blocks import Entries, block_atom, derive, placeholder_vector
 from .segment_cache import SessionState, live_ids
 from .segments import ALL, SEGMENT_CAPACITY, SessionLayout
@@ -194,7 +193,7 @@ def pop(
         hit = hits[0]
         if before_erasing is not None:
             before_erasing((hit.id, str(hit.payload)))
-        layout.note_erasing(state, [hit])
+        layout.erasures.items(state, [hit])
         record = layout.record(state)
         # A pop is a write: the session's TTL (session mode) and idle time count from it, and
         # every path below writes the record.
@@ -250,7 +249,7 @@ def clear_through(layout: SessionLayout, memory: Memory, state: SessionState, th
         ids = [hit.id for hit in older]
         if not ids:
             break
-        layout.note_erasing(state, older)
+        layout.erasures.items(state, older)
         if not any(hit.id > through for hit in newest_in(layout, memory, state, number, 1)):
             layout.drop_segment(memory, state, number)  # all of it is older
             continue
@@ -290,11 +289,11 @@ def clear(
     it and then lost the owner finishes with `clear_through` that id, so items another
     process added since are kept, and nothing is erased twice.
     """
-    if before_erasing is not None or layout.ledger is not None:
+    if before_erasing is not None or layout.erasures.ledger is not None:
         hit = newest_hit(layout, memory, state)
         if before_erasing is not None:
             before_erasing(0 if hit is None else hit.id)
-        layout.note_clearing(state, hit)
+        layout.erasures.session(state, hit)
     return _drop_session(layout, memory, state)
 
 
@@ -302,16 +301,14 @@ def _drop_session(layout: SessionLayout, memory: Memory, state: SessionState) ->
     """`clear` once the ledger has the erasure: the record marked, the segments dropped, the record forgotten."""
     if state.catalog_id is not None:
         record = layout.record(state)
-        if not record.clearing:
-            record.clearing = True
-            layout.write_record(memory, state)
+        record.clearing = True  # in the commit that carries the ledger's new head, if any
+        layout.write_record(memory, state)
     for number in list(state.segments):
         layout.drop_segment(memory, state, number, unlist=False)
     algorithm = None
     if state.catalog_id is not None:
         # The last step: a record gone while its segments remain can only be damage.
-        algorithm = memory.forget(CATALOG_REGION, [state.catalog_id]).algorithm
-        state.catalog_id = None
+        algorithm = layout.forget_record(memory, state)
     state.record = state.last_write = None
     return algorithm
 
@@ -339,7 +336,7 @@ def erase(layout: SessionLayout, memory: Memory, state: SessionState) -> Erasure
         ]
         for number in state.segments
     }
-    entry = layout.note_clearing(state, newest_hit(layout, memory, state))
+    entry = layout.erasures.session(state, newest_hit(layout, memory, state))
     algorithm = _drop_session(layout, memory, state) or "AES-256-KW(RFC3394)"
     confirmed = True
     for number, ids in erased.items():
@@ -354,7 +351,7 @@ def erase(layout: SessionLayout, memory: Memory, state: SessionState) -> Erasure
         regions_dropped=len(erased),
         algorithm=algorithm,
         readback_confirmed=confirmed,
-        ledger=None if layout.ledger is None else layout.ledger.path,
+        ledger=None if layout.erasures.ledger is None else layout.erasures.ledger.path,
         ledger_entries=() if entry is None else (entry,),
     )
 
@@ -378,8 +375,7 @@ def purge_expired(layout: SessionLayout, memory: Memory, state: SessionState) ->
             layout.drop_segment(memory, state, number)
     # The record goes with the last segment, unless it lists the names of branches still held.
     if not state.segments and state.catalog_id is not None and not layout.branches(state.session_id):
-        memory.forget(CATALOG_REGION, [state.catalog_id])
-        state.catalog_id = None
+        layout.forget_record(memory, state)
         state.record = state.last_write = None
 
 
