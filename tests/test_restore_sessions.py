@@ -174,6 +174,6 @@ def test_a_ledger_cut_short_of_the_live_files_head_restores_nothing(live: tuple[
     with serving(database, ledger), opened(database, ledger) as client:
         assert client.erasure_ledger_head is not None and client.erasure_ledger_head[0] == 2
         before = everything(client)
-        with pytest.raises(LedgerError, match="ends at entry 0 .* but the file recorded entry 2"):
+        with pytest.raises(LedgerError, match=r"ends at entry 0 .* but the file recorded entry 2"):
             restore_sessions(client, backup, KEY, session_ids=["alice"])
         assert everything(client) == before and "alice" not in before
