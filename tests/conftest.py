@@ -30,6 +30,14 @@ assert _fast is not None and _fast.loader is not None
 _fast.loader.exec_module(importlib.util.module_from_spec(_fast))  # installs it here, as site does in children
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: two workers per core (at most 8). Most of the suite's time is spent waiting on the
+    processes it starts (servers coming up, owners handing over, kill loops), not on a core: on the
+    2-core machine the README's command took 299-319 s with one worker per core and 226 s with two
+    (docs/performance.md, "The test suite's own timing")."""
+    return max(2, min(2 * (os.cpu_count() or 1), 8))
+
+
 @pytest.fixture
 def clean_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """No CITADEL_* variable and no ./citadel.toml leak in from the machine running the tests."""

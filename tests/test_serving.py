@@ -113,9 +113,24 @@ class Service:
             text=True,
             env=env,
         )
+        # Its log, read as it comes: a test can wait for a line the owner writes after answering.
+        self._log: list[str] = []
+        self._reader = threading.Thread(target=self._read_log, daemon=True)
+        self._reader.start()
         line = self.ask_nothing()
         assert line.startswith("ready "), line + self.log()
         self.pid = int(line.split()[1])
+
+    def _read_log(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self._log.append(line)
+
+    def wait_for_log(self, text: str, timeout: float = 30.0) -> None:
+        """Until the owner's log holds `text` (it logs some things after it has answered)."""
+        deadline = time.monotonic() + timeout
+        while text not in "".join(self._log) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def ask_nothing(self) -> str:
         assert self.process.stdout is not None
@@ -130,8 +145,8 @@ class Service:
     def log(self) -> str:
         if self.process.poll() is None:
             return ""
-        assert self.process.stderr is not None
-        return self.process.stderr.read()
+        self._reader.join(timeout=30)
+        return "".join(self._log)
 
     def kill(self) -> None:
         self.process.kill()
@@ -142,8 +157,8 @@ class Service:
             with contextlib.suppress(BrokenPipeError):
                 self.ask("exit")
             self.process.wait(timeout=30)
-        assert self.process.stderr is not None
-        return self.process.stderr.read()
+        self._reader.join(timeout=30)
+        return "".join(self._log)
 
 
 @pytest.fixture
@@ -257,6 +272,7 @@ def test_a_wrong_passphrase_is_refused_by_the_owner(service: Service, db_path: P
     address = socket_path(str(db_path.resolve()))
     assert stat.S_IMODE(os.stat(address).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(os.path.dirname(address)).st_mode) == 0o700
+    service.wait_for_log("refused a peer")  # logged once the client has left, after its error
     log = service.stop()
     assert "refused a peer" in log and "not the passphrase" not in log and KEY not in log
 
