@@ -38,7 +38,7 @@ from .errors import (
 from .migration.backups import restore_sessions
 from .migration.copy import copy_session
 from .migration.files import export_all, export_fleet, export_sqlite, import_file
-from .offline import reembed, restore_backup, verify_file
+from .offline import reembed, repair_file, restore_backup, verify_file
 from .results import (
     EndedSession,
     Erasure,
@@ -54,8 +54,10 @@ from .results import (
     PageLayout,
     PurgeReport,
     ReembedSummary,
+    RepairReport,
     SessionExport,
     SessionIntegrity,
+    SessionLoss,
     SessionsRestoreReport,
     SessionSummary,
 )
@@ -104,10 +106,12 @@ __all__ = [
     "PageLayout",
     "PurgeReport",
     "ReembedSummary",
+    "RepairReport",
     "SentenceTransformerEmbedder",
     "SessionClosedError",
     "SessionExport",
     "SessionIntegrity",
+    "SessionLoss",
     "SessionNotEmptyError",
     "SessionNotFoundError",
     "SessionSummary",
@@ -124,6 +128,7 @@ __all__ = [
     "import_file",
     "read_ring_file",
     "reembed",
+    "repair_file",
     "restore_backup",
     "restore_sessions",
     "shard_for",

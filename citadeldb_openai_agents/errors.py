@@ -113,6 +113,8 @@ RUN_VERIFY = (
     "Run `python -m citadeldb_openai_agents verify` for a report, and restore the file and its "
     "companion files from a backup."
 )
+# Damage the open-time audit counted per session: `repair` can keep everything else.
+RUN_VERIFY_OR_REPAIR = RUN_VERIFY[:-1] + ", or run `repair --yes` to keep every item that can still be read."
 
 
 class _Advised(CitadelSessionError):

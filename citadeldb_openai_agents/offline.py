@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any
 
+from .embedders.protocol import Embedder
 from .embedders.providers import resolve_embedder
 from .errors import KEY_ARGUMENT, WrongPassphraseError
 from .options import Argon2Profile, StoreOptions, SyncMode, check_passphrase
-from .results import IntegrityReport, Progress, ReembedSummary, RestoreReport
+from .results import IntegrityReport, Progress, ReembedSummary, RepairReport, RestoreReport, SessionLoss
 from .storage import inspection, local_file
+from .storage.codec import decode_item
 from .storage.ledger import LedgerHead
+from .storage.repair import Fill, refills, repair
 from .storage.restore import restore
+from .store import FileStore
 
 
 def verify_file(path: str | os.PathLike[str], key: str) -> IntegrityReport:
@@ -29,6 +34,88 @@ def verify_file(path: str | os.PathLike[str], key: str) -> IntegrityReport:
     finally:
         del key  # as in CitadelSessionStore.__init__: a failed frame's locals are recorded
     raise wrong from None
+
+
+def repair_file(
+    path: str | os.PathLike[str],
+    key: str,
+    *,
+    from_backup: str | os.PathLike[str] | None = None,
+    erasure_ledger: str | os.PathLike[str] | None = None,
+    ledger_mirror: str | os.PathLike[str] | None = None,
+    embedder: Any | None = None,
+    argon2_profile: Argon2Profile | None = None,
+    sync_mode: SyncMode | None = None,
+) -> RepairReport:
+    """Put a file refused for damage back in service without a backup, losing only what cannot be read.
+
+    The damaged file and its companions are copied; the copy is rebuilt from every item that
+    can still be read (Citadel deletes the rest), its layout record (salt) kept, verified, and
+    only then moved into place, the damaged files moved aside (`RepairReport.aside`). The
+    report names, per session, the items lost; every other session keeps every item. A file
+    that is not damaged is left as it is. Refused while a process holds the file.
+
+    `from_backup` also takes the damaged sessions' lost items from that backup: it is restored
+    into a private directory with `erasure_ledger` (and `ledger_mirror`) replayed, as `restore`
+    does, so nothing erased since comes back (None: the backup as it is); each damaged session
+    is written again with its kept items and the backup's it lacks, in the order written. Every
+    other session is left as the live file has it.
+    """
+    options = StoreOptions.of(argon2_profile=argon2_profile, sync_mode=sync_mode)
+    notes: list[str] = []
+    fill = None
+    if from_backup is not None:
+        ledgers = [None if name is None else os.fspath(name) for name in (erasure_ledger, ledger_mirror)]
+        fill = _from_backup(os.fspath(from_backup), ledgers, resolve_embedder(embedder), options, notes)
+    try:
+        report = repair(
+            path, check_passphrase(key), embedder=resolve_embedder(embedder), options=options, fill=fill
+        )
+        return replace(
+            report, backup=None if from_backup is None else os.fspath(from_backup), notes=tuple(notes)
+        )
+    except WrongPassphraseError as exc:
+        wrong = exc.came_from(KEY_ARGUMENT)
+    finally:
+        del key
+    raise wrong from None
+
+
+def _from_backup(
+    backup: str, ledgers: list[str | None], embedder: Embedder, options: StoreOptions, notes: list[str]
+) -> Fill:
+    """`repair`'s fill: the backup restored beside the copy (the ledger replayed, required to reach
+    the copy's head), then each damaged session written again whole (storage/repair.py, `refills`)."""
+
+    def fill(copy: str, key: str, lost: list[SessionLoss]) -> dict[str, int]:
+        staged = os.path.join(os.path.dirname(copy), "backup", os.path.basename(copy))
+        os.mkdir(os.path.dirname(staged), 0o700)
+        repaired = local_file.LocalFile(copy, key, embedder=embedder, options=options, create=False)
+        try:
+            replayed = restore(
+                backup, staged, key, ledger=ledgers[0], mirror=ledgers[1], at_least=repaired.ledger_head,
+                embedder=embedder, options=options, replace=False,
+            )  # fmt: skip
+            notes.extend(replayed.ledger_notes)
+            source = local_file.LocalFile(staged, key, embedder=embedder, options=options, create=False)
+            try:
+                found, left = refills(repaired, source, lost)
+            finally:
+                source.release()
+        finally:
+            repaired.release()
+        notes.extend(left)
+        with FileStore(
+            copy, key, embedder=embedder, create=False, serve=False, sync_mode=options.sync_mode
+        ) as store:
+            for refill in found:
+                items = [decode_item(text) for text in refill.items]
+                store.import_items(
+                    refill.session_id, items, mode="replace", owner=refill.owner, labels=refill.labels
+                )
+        return {refill.loss: refill.taken for refill in found}
+
+    return fill
 
 
 def reembed(

@@ -361,6 +361,44 @@ class RestoreReport:
 
 
 @dataclass(frozen=True)
+class SessionLoss:
+    """What `repair` could not keep of one session: `session_id`, or when its own record was the
+    damage, `hid` (its hashed name, as the segments' region names hold it)."""
+
+    session_id: str | None
+    hid: str | None
+    items_lost: int
+    items_stored: int  # unexpired items the damaged file held for it
+    cause: str
+    items_restored: int = 0  # of those lost, put back from a backup (repair --from-backup)
+
+    @property
+    def name(self) -> str:
+        return repr(self.session_id) if self.session_id is not None else f"the session hashed {self.hid}"
+
+
+@dataclass(frozen=True)
+class RepairReport:
+    """What `repair_file` did: the file at `path` rebuilt from what could be read, verified.
+
+    `repaired` is False when the file was not damaged (nothing changed). `lost`: each session that
+    lost items; every other session kept every item. `aside`: where the damaged files were moved.
+    """
+
+    path: str
+    repaired: bool
+    lost: list[SessionLoss]
+    aside: str | None
+    damage: str  # the audit's description of what was found
+    backup: str | None = None  # the backup lost items were taken from
+    notes: tuple[str, ...] = ()  # sessions the backup could not complete, with why; the ledger's notes
+
+    @property
+    def items_lost(self) -> int:
+        return sum(loss.items_lost for loss in self.lost)
+
+
+@dataclass(frozen=True)
 class SessionsRestoreReport:
     """What `restore_sessions` did: some sessions of `backup` brought back into the file at `path`.
 

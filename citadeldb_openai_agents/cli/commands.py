@@ -21,6 +21,7 @@ from ..config import (
     database_files,
     new_passphrase,
     reembed_from_config,
+    repair_from_config,
     restore_from_config,
     verify_from_config,
 )
@@ -256,6 +257,35 @@ def restore(args: argparse.Namespace) -> int:
         print(f"  {session_id}  {render.count(items, 'item')}")
     for note in report.ledger_notes:
         print(f"note: {note}")
+    return 0
+
+
+def repair(args: argparse.Namespace) -> int:
+    if not args.yes:
+        raise Refused(
+            "repair drops, for good, every item that cannot be read (`verify` lists them per session); "
+            "pass --yes to repair, or restore a backup instead; nothing was changed"
+        )
+    with warnings_printed():
+        report = repair_from_config(args.config, from_backup=args.from_backup)
+    if args.json:
+        render.print_json(dataclasses.asdict(report) | {"items_lost": report.items_lost})
+    elif not report.repaired:
+        print(f"{report.path} is not damaged: nothing to repair.")
+    else:
+        unread = render.count(report.items_lost, "item")
+        back = sum(loss.items_restored for loss in report.lost)
+        taken = f", {back} put back from {report.backup}" if report.backup is not None else ""
+        print(f"repaired {report.path}: {unread} could not be read in {render.count(len(report.lost), 'session')}"
+              f"{taken}; every other session kept whole; verified")  # fmt: skip
+        for loss in report.lost:
+            put = f", {loss.items_restored} put back" if report.backup is not None else ""
+            print(
+                f"  {loss.name}  {loss.items_lost} of {loss.items_stored} items unreadable ({loss.cause}){put}"
+            )
+        for note in report.notes:
+            print(f"note: {note}")
+        print(f"the damaged files are kept in {report.aside}")
     return 0
 
 

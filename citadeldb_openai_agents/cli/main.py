@@ -95,7 +95,7 @@ def _add_operations(subcommands: Any) -> None:
     _add_erasures(add, as_json)
     owners.add_owner_command(add, as_json)
     _add_file_operations(add, as_json)
-    _add_ring(add, as_json)
+    moving.add_ring_parsers(add, as_json)
 
 
 _ON_A_FLEET = "with --owner on a fleet: another shard's name and TOML file (repeat for each)"
@@ -126,7 +126,7 @@ def _add_reads(add: Any, as_json: Any) -> None:
     which = sessions.add_mutually_exclusive_group()
     which.add_argument("--owner", help="only the sessions of this person")
     which.add_argument("--unowned", action="store_true", help="only the sessions that have no owner")
-    owners.add_shard_config(sessions, _ON_A_FLEET)
+    moving.add_shard_config(sessions, _ON_A_FLEET)
     sessions.set_defaults(run=commands.sessions)
 
     export = add(
@@ -155,7 +155,7 @@ def _add_reads(add: Any, as_json: Any) -> None:
     export.add_argument(
         "--format", choices=["jsonl", "sqlite"], default="jsonl", help="jsonl (default) or sqlite"
     )
-    owners.add_shard_config(export, _ON_A_FLEET)
+    moving.add_shard_config(export, _ON_A_FLEET)
     export.set_defaults(run=migration.export)
 
 
@@ -226,7 +226,7 @@ def _add_erasures(add: Any, as_json: Any) -> None:
     )
     erase.add_argument("session_ids", metavar="SESSION_ID", nargs="*")
     erase.add_argument("--owner", help="erase every session of this person instead")
-    owners.add_shard_config(erase, _ON_A_FLEET)
+    moving.add_shard_config(erase, _ON_A_FLEET)
     erase.add_argument("-y", "--yes", action="store_true", help="erase without asking")
     erase.set_defaults(run=commands.erase)
 
@@ -289,6 +289,7 @@ def _add_file_operations(add: Any, as_json: Any) -> None:
     backup.set_defaults(run=commands.backup)
 
     _add_recovery(add, as_json)
+    _add_repair(add, as_json)
 
     add(
         "verify",
@@ -306,39 +307,6 @@ def _add_file_operations(add: Any, as_json: Any) -> None:
         "that open the file become its clients. Logs clients connecting and leaving to stderr. "
         "Exit 1 if another process already holds the file.",
     ).set_defaults(run=commands.serve)
-
-
-def _add_ring(add: Any, as_json: Any) -> None:
-    """ring and rebalance: a change of the fleet's shards while it runs."""
-    shard_config = argparse.ArgumentParser(add_help=False)
-    owners.add_shard_config(shard_config, "another shard's name and TOML file (repeat for each)")
-    ring = add(
-        "ring",
-        "show the fleet's ring file, or begin or finish a change of its shards",
-        "read_ring_file / write_ring_file",
-        "--begin NEW records the new shards and the old ones as previous: every shard then refuses "
-        "the sessions that move (ShardMovingError) until --finish, which first checks that no shard "
-        "of the old ring still holds one (give each with --shard-config). --complete rebalances "
-        "every shard and finishes; --abort moves back what moved and ends with the old ring; both "
-        "resume when run again. docs/deployment.md, 'Changing the ring'.",
-        shard_config,
-        as_json,
-    )
-    change = ring.add_mutually_exclusive_group()
-    change.add_argument("--begin", metavar="A,B,C", help="the fleet's new shards, comma-separated")
-    change.add_argument("--finish", action="store_true", help="end the change under way")
-    change.add_argument("--complete", action="store_true", help="rebalance every shard, then finish")
-    change.add_argument("--abort", action="store_true", help="move back what moved; end with the old ring")
-    ring.set_defaults(run=moving.ring)
-    add(
-        "rebalance",
-        "move this shard's sessions that a ring change sends elsewhere to their new shards",
-        "store.move_sessions(session_ids, other_store)",
-        "Each session the ring file's new shards place on another shard is copied there, compared "
-        "item by item, and erased here with a receipt (as move does); run it again if interrupted.",
-        shard_config,
-        as_json,
-    ).set_defaults(run=moving.rebalance)
 
 
 def _add_recovery(add: Any, as_json: Any) -> None:
@@ -452,3 +420,20 @@ def _apply_global_options(parser: argparse.ArgumentParser, args: argparse.Namesp
 def _error(exc: BaseException) -> None:
     sys.stdout.flush()
     print(f"error: {exc}", file=sys.stderr)
+
+
+def _add_repair(add: Any, as_json: Any) -> None:
+    """repair: a file refused for damage rebuilt from what can be read (or a backup's copy of it)."""
+    repair = add(
+        "repair",
+        "put a file refused for damage back in service, losing only what cannot be read",
+        "citadeldb_openai_agents.repair_file(path, key)",
+        "Stop the service first. The file is copied, the copy rebuilt from every item that can be "
+        "read and verified, then moved in; the damaged files are kept aside. Prints each session's loss.",
+        as_json,
+    )
+    repair.add_argument("-y", "--yes", action="store_true", help="repair (it drops what cannot be read)")
+    repair.add_argument(
+        "--from-backup", metavar="BACKUP", help="take the lost items from this backup (ledger replayed)"
+    )
+    repair.set_defaults(run=commands.repair)

@@ -14,6 +14,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from contextlib import ExitStack
 from datetime import datetime, timezone
+from typing import Any
 
 from .. import (
     CitadelSessionStore,
@@ -242,3 +243,41 @@ def _ring_file(settings: CitadelSettings) -> str:
 
 def _names(shards: tuple[str, ...] | list[str]) -> str:
     return ", ".join(shards)
+
+
+def add_shard_config(parser: argparse.ArgumentParser, help: str) -> None:
+    """--shard-config NAME=PATH, repeated: another shard's configuration (ring, rebalance, --owner)."""
+    parser.add_argument("--shard-config", metavar="NAME=PATH", action="append", help=help)
+
+
+def add_ring_parsers(add: Any, as_json: Any) -> None:
+    """ring and rebalance: a change of the fleet's shards while it runs."""
+    shard_config = argparse.ArgumentParser(add_help=False)
+    add_shard_config(shard_config, "another shard's name and TOML file (repeat for each)")
+    parser = add(
+        "ring",
+        "show the fleet's ring file, or begin or finish a change of its shards",
+        "read_ring_file / write_ring_file",
+        "--begin NEW records the new shards and the old ones as previous: every shard then refuses "
+        "the sessions that move (ShardMovingError) until --finish, which first checks that no shard "
+        "of the old ring still holds one (give each with --shard-config). --complete rebalances "
+        "every shard and finishes; --abort moves back what moved and ends with the old ring; both "
+        "resume when run again. docs/deployment.md, 'Changing the ring'.",
+        shard_config,
+        as_json,
+    )
+    change = parser.add_mutually_exclusive_group()
+    change.add_argument("--begin", metavar="A,B,C", help="the fleet's new shards, comma-separated")
+    change.add_argument("--finish", action="store_true", help="end the change under way")
+    change.add_argument("--complete", action="store_true", help="rebalance every shard, then finish")
+    change.add_argument("--abort", action="store_true", help="move back what moved; end with the old ring")
+    parser.set_defaults(run=ring)
+    add(
+        "rebalance",
+        "move this shard's sessions that a ring change sends elsewhere to their new shards",
+        "store.move_sessions(session_ids, other_store)",
+        "Each session the ring file's new shards place on another shard is copied there, compared "
+        "item by item, and erased here with a receipt (as move does); run it again if interrupted.",
+        shard_config,
+        as_json,
+    ).set_defaults(run=rebalance)

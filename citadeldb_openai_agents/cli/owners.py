@@ -79,11 +79,6 @@ def _apply_pattern(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_shard_config(parser: argparse.ArgumentParser, help: str) -> None:
-    """--shard-config NAME=PATH, repeated: another shard's configuration (ring, rebalance, --owner)."""
-    parser.add_argument("--shard-config", metavar="NAME=PATH", action="append", help=help)
-
-
 def fleet(args: argparse.Namespace) -> dict[str | None, CitadelSettings] | None:
     """Every shard's settings when the configuration names a fleet (one person's sessions may be
     on any shard), this one's and each --shard-config's; None for one file. Refused, before

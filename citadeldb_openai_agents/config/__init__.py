@@ -19,6 +19,7 @@ from .load import (
     load_settings,
     open_existing_store,
     reembed_from_config,
+    repair_from_config,
     restore_from_config,
     verify_from_config,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "open_existing_store",
     "read_key_file",
     "reembed_from_config",
+    "repair_from_config",
     "restore_from_config",
     "verify_from_config",
 ]

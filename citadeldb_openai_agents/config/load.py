@@ -24,9 +24,9 @@ from ..errors import (
     WrongPassphraseError,
 )
 from ..hints import closest
-from ..offline import reembed, restore_backup, verify_file
+from ..offline import reembed, repair_file, restore_backup, verify_file
 from ..options import FIXED_PER_FILE, StoreOptions
-from ..results import IntegrityReport, Progress, ReembedSummary, RestoreReport
+from ..results import IntegrityReport, Progress, ReembedSummary, RepairReport, RestoreReport
 from ..session import CitadelSessionStore
 from ..storage.files import resolve_path
 from .model import CitadelSettings
@@ -139,6 +139,37 @@ def reembed_from_config(config: ConfigSource = None, *, progress: Progress | Non
         if not exc.creation_refused:
             raise
         raise no_database(settings, existing_only=True) from None
+    raise wrong from None
+
+
+def repair_from_config(
+    config: ConfigSource = None, *, from_backup: str | os.PathLike[str] | None = None
+) -> RepairReport:
+    """`repair_file` on the configured file, with the configured embedder; `from_backup` with the
+    configured `erasure_ledger` (and `ledger_mirror`), refused when none is set (every erasure
+    since the backup would come back into the damaged sessions)."""
+    settings = load_settings(config)
+    if from_backup is not None and settings.erasure_ledger is None:
+        raise ConfigurationError(
+            [
+                "erasure_ledger is not set: items taken from a backup without the erasure ledger would bring "
+                "back what was erased since it was taken. Set erasure_ledger (CITADEL_ERASURE_LEDGER)"
+            ],
+            config_file=settings.config_file,
+        )
+    try:
+        return repair_file(
+            settings.path,
+            settings.key.get_secret_value(),
+            from_backup=from_backup,
+            erasure_ledger=settings.erasure_ledger,
+            ledger_mirror=settings.ledger_mirror,
+            embedder=build_embedder(settings),
+            argon2_profile=settings.argon2_profile,
+            sync_mode=settings.sync_mode,
+        )
+    except WrongPassphraseError as exc:
+        wrong = _told_for(settings, exc)
     raise wrong from None
 
 

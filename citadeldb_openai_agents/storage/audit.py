@@ -15,7 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import RUN_VERIFY, CorruptDatabaseError, StorageError
+from ..errors import RUN_VERIFY_OR_REPAIR, CorruptDatabaseError, StorageError
 from .codec import SEARCH_KIND
 from .inventory import FileInventory, UnsupportedEngineError, take_inventory
 from .records import (
@@ -197,7 +197,7 @@ def check_before_memory(db: Any, path: str) -> AuditVerdict:
     verdict = audit(inventory_of(db, path))
     if not verdict.ok:
         error = CorruptDatabaseError(
-            f"{path} is damaged: {verdict.describe()}. Nothing was changed.", RUN_VERIFY
+            f"{path} is damaged: {verdict.describe()}. Nothing was changed.", RUN_VERIFY_OR_REPAIR
         )
         error.verdict = verdict  # type: ignore[attr-defined]
         raise error

@@ -54,7 +54,7 @@ def restore(
     try:
         for name, copy in zip(database_files(source), database_files(staged), strict=True):
             if os.path.isfile(name):
-                _private_copy(name, copy)
+                private_copy(name, copy)
         local = _open_staged(staged, keys.pop(), source, target, embedder, options)
         try:
             entries, erased = _replay(local, ledger, mirror, live_head, notes)
@@ -162,7 +162,7 @@ def _check_target(source: str, target: str, replace: bool) -> None:
         )
 
 
-def _private_copy(source: str, target: str) -> None:
+def private_copy(source: str, target: str) -> None:
     """A 0600 copy at a new name (never through a symlink)."""
     descriptor = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     with open(source, "rb") as reading, os.fdopen(descriptor, "wb") as writing:
