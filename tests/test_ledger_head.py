@@ -191,3 +191,31 @@ def test_a_pops_head_is_in_the_sessions_record_and_a_cut_after_it_shows(tmp_path
         assert not verdict.ok and "but the file recorded entry 2" in " ".join(verdict.findings)
         with pytest.raises(LedgerError, match="but the file recorded entry 2"):
             asyncio.run(store.session("alice").pop_item())
+
+
+def test_a_ledger_ahead_of_the_head_is_a_crash_before_the_record_and_is_not_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The line is flushed before the record that carries the head: a crash between the two
+    leaves the ledger one entry ahead, which is allowed (the erasure never started)."""
+    from citadeldb_openai_agents.storage.segments import SessionLayout
+
+    database, ledger = tmp_path / "agent.cdl", tmp_path / "erasures.jsonl"
+    with open_store(database, ledger) as store:
+        add(store, "alice", "one", "two")
+        add(store, "bob", "three")
+
+        def crash(*args: object) -> None:
+            raise RuntimeError("killed before the record was written")
+
+        with monkeypatch.context() as patched:
+            patched.setattr(SessionLayout, "write_record", crash)
+            with pytest.raises(Exception, match="killed before the record"):
+                store.erase_session("alice")
+    assert len(ledger.read_bytes().splitlines()) == 1
+    with open_store(database, ledger) as store:
+        assert store.erasure_ledger_head is None and store.session_ids() == ["alice", "bob"]
+        store.erase_session("alice")  # entry 2, after the one the crash left
+        store.erase_session("bob")
+        assert store.erasure_ledger_head is not None and store.erasure_ledger_head[0] == 3
+        assert store.verify().ok
