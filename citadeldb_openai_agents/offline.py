@@ -14,7 +14,7 @@ from .results import IntegrityReport, Progress, ReembedSummary, RepairReport, Re
 from .storage import inspection, local_file
 from .storage.codec import decode_item
 from .storage.ledger import LedgerHead
-from .storage.repair import Fill, refills, repair
+from .storage.repair import Fill, Refill, refills, repair
 from .storage.restore import restore
 from .store import FileStore
 
@@ -88,32 +88,48 @@ def _from_backup(
     the copy's head), then each damaged session written again whole (storage/repair.py, `refills`)."""
 
     def fill(copy: str, key: str, lost: list[SessionLoss]) -> dict[str, int]:
+        keys = [key]
+        del key  # only `keys` holds it, emptied on every path: error trackers record frames' locals
+        try:
+            found = _refills(copy, keys[0], lost)
+            with FileStore(
+                copy, keys[0], embedder=embedder, create=False, serve=False, sync_mode=options.sync_mode
+            ) as store:
+                for refill in found:
+                    items = [decode_item(text) for text in refill.items]
+                    store.import_items(
+                        refill.session_id, items, mode="replace", owner=refill.owner, labels=refill.labels
+                    )
+        finally:
+            keys.clear()
+        return {refill.loss: refill.taken for refill in found}
+
+    def _refills(copy: str, key: str, lost: list[SessionLoss]) -> list[Refill]:
+        keys = [key]
+        del key
         staged = os.path.join(os.path.dirname(copy), "backup", os.path.basename(copy))
         os.mkdir(os.path.dirname(staged), 0o700)
-        repaired = local_file.LocalFile(copy, key, embedder=embedder, options=options, create=False)
         try:
-            replayed = restore(
-                backup, staged, key, ledger=ledgers[0], mirror=ledgers[1], at_least=repaired.ledger_head,
-                embedder=embedder, options=options, replace=False,
-            )  # fmt: skip
-            notes.extend(replayed.ledger_notes)
-            source = local_file.LocalFile(staged, key, embedder=embedder, options=options, create=False)
+            repaired = local_file.LocalFile(copy, keys[0], embedder=embedder, options=options, create=False)
             try:
-                found, left = refills(repaired, source, lost)
-            finally:
-                source.release()
-        finally:
-            repaired.release()
-        notes.extend(left)
-        with FileStore(
-            copy, key, embedder=embedder, create=False, serve=False, sync_mode=options.sync_mode
-        ) as store:
-            for refill in found:
-                items = [decode_item(text) for text in refill.items]
-                store.import_items(
-                    refill.session_id, items, mode="replace", owner=refill.owner, labels=refill.labels
+                replayed = restore(
+                    backup, staged, keys[0], ledger=ledgers[0], mirror=ledgers[1], at_least=repaired.ledger_head,
+                    embedder=embedder, options=options, replace=False,
+                )  # fmt: skip
+                notes.extend(replayed.ledger_notes)
+                source = local_file.LocalFile(
+                    staged, keys[0], embedder=embedder, options=options, create=False
                 )
-        return {refill.loss: refill.taken for refill in found}
+                try:
+                    found, left = refills(repaired, source, lost)
+                finally:
+                    source.release()
+            finally:
+                repaired.release()
+        finally:
+            keys.clear()
+        notes.extend(left)
+        return found
 
     return fill
 

@@ -220,3 +220,44 @@ def test_the_repair_command_takes_lost_items_from_a_backup_only_with_the_ledger(
     )
     assert out[1].endswith("are damaged or missing), 1 put back")
     assert read_all(path) == {sid: items(sid, count) for sid, count in SESSIONS.items()}
+
+
+def frames_holding(error: BaseException, secret: str) -> list[str]:
+    """The package's frames (of `error` and its chain) whose locals hold `secret`: an error
+    tracker records them."""
+    found, pending, seen = [], [error], set()
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        pending += [current.__cause__, current.__context__]
+        tb = current.__traceback__
+        while tb is not None:
+            frame = tb.tb_frame
+            if frame.f_code.co_filename != __file__:
+                for name, value in frame.f_locals.items():
+                    values = value if isinstance(value, (list, tuple)) else [value]
+                    found += [f"{frame.f_code.co_name}:{name}" for v in values if v == secret]
+            tb = tb.tb_next
+    return found
+
+
+def test_a_refused_repair_keeps_no_passphrase_in_its_frames(
+    damaged: tuple[Path, Path], tmp_path: Path
+) -> None:
+    path, _ = damaged
+    ledger, backup = tmp_path / "erasures.jsonl", tmp_path / "b2" / "agent.cdl"
+    backup.parent.mkdir()
+    with CitadelSessionStore(path, KEY, erasure_ledger=ledger) as store:
+        store.backup(backup)
+        store.erase_session("carol")
+    damage_atom(path, Citadel(path).segments_of("alice"), 7, "item")
+    ledger.write_bytes(b"")
+    with pytest.raises(LedgerError) as cut:
+        repair_file(path, KEY, from_backup=backup, erasure_ledger=ledger)
+    assert frames_holding(cut.value, KEY) == []
+    damage_atom(path, "coa.meta", 0)
+    with pytest.raises(CorruptDatabaseError) as layout:
+        repair_file(path, KEY)
+    assert frames_holding(layout.value, KEY) == []

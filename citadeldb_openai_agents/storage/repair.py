@@ -132,8 +132,10 @@ def _clean(copy: str, key: str, embedder: Embedder, options: StoreOptions) -> Au
         found.append((verdict, {name for name, region in inventory.regions.items() if region.forgotten}))
         return AuditVerdict([], [], set(verdict.leftovers), verdict.layout_format)
 
-    database = registry.acquire(copy, key, database_options(options), counted)
-    del key
+    try:
+        database = registry.acquire(copy, key, database_options(options), counted)
+    finally:
+        del key  # gone from this frame on every path: error trackers record its locals
     try:
         verdict, forgotten = found[0]
         lost: set[str] = set()
