@@ -91,7 +91,7 @@ def _from_backup(
         keys = [key]
         del key  # only `keys` holds it, emptied on every path: error trackers record frames' locals
         try:
-            found = _refills(copy, keys[0], lost)
+            found = _refills(copy, keys[0], lost, backup, ledgers, embedder, options, notes)
             with FileStore(
                 copy, keys[0], embedder=embedder, create=False, serve=False, sync_mode=options.sync_mode
             ) as store:
@@ -104,34 +104,44 @@ def _from_backup(
             keys.clear()
         return {refill.loss: refill.taken for refill in found}
 
-    def _refills(copy: str, key: str, lost: list[SessionLoss]) -> list[Refill]:
-        keys = [key]
-        del key
-        staged = os.path.join(os.path.dirname(copy), "backup", os.path.basename(copy))
-        os.mkdir(os.path.dirname(staged), 0o700)
-        try:
-            repaired = local_file.LocalFile(copy, keys[0], embedder=embedder, options=options, create=False)
-            try:
-                replayed = restore(
-                    backup, staged, keys[0], ledger=ledgers[0], mirror=ledgers[1], at_least=repaired.ledger_head,
-                    embedder=embedder, options=options, replace=False,
-                )  # fmt: skip
-                notes.extend(replayed.ledger_notes)
-                source = local_file.LocalFile(
-                    staged, keys[0], embedder=embedder, options=options, create=False
-                )
-                try:
-                    found, left = refills(repaired, source, lost)
-                finally:
-                    source.release()
-            finally:
-                repaired.release()
-        finally:
-            keys.clear()
-        notes.extend(left)
-        return found
-
     return fill
+
+
+def _refills(
+    copy: str,
+    key: str,
+    lost: list[SessionLoss],
+    backup: str,
+    ledgers: list[str | None],
+    embedder: Embedder,
+    options: StoreOptions,
+    notes: list[str],
+) -> list[Refill]:
+    """What the backup, restored beside the copy with the ledger replayed, holds of the sessions that
+    lost items (storage/repair.py, `refills`); the sessions it cannot complete go to `notes`."""
+    keys = [key]
+    del key
+    staged = os.path.join(os.path.dirname(copy), "backup", os.path.basename(copy))
+    os.mkdir(os.path.dirname(staged), 0o700)
+    try:
+        repaired = local_file.LocalFile(copy, keys[0], embedder=embedder, options=options, create=False)
+        try:
+            replayed = restore(
+                backup, staged, keys[0], ledger=ledgers[0], mirror=ledgers[1], at_least=repaired.ledger_head,
+                embedder=embedder, options=options, replace=False,
+            )  # fmt: skip
+            notes.extend(replayed.ledger_notes)
+            source = local_file.LocalFile(staged, keys[0], embedder=embedder, options=options, create=False)
+            try:
+                found, left = refills(repaired, source, lost)
+            finally:
+                source.release()
+        finally:
+            repaired.release()
+    finally:
+        keys.clear()
+    notes.extend(left)
+    return found
 
 
 def reembed(
