@@ -33,7 +33,7 @@ _fast.loader.exec_module(importlib.util.module_from_spec(_fast))  # installs it 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto`: two workers per core (at most 8). Most of the suite's time is spent waiting on the
     processes it starts (servers coming up, owners handing over, kill loops), not on a core: on the
-    2-core machine the README's command took 299-319 s with one worker per core and 226 s with two
+    2-core machine the suite took 298 s with one worker per core and 225 s with two
     (docs/performance.md, "The test suite's own timing")."""
     return max(2, min(2 * (os.cpu_count() or 1), 8))
 

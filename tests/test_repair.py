@@ -8,7 +8,9 @@ session keeps exactly its items. The damaged files are kept aside, byte for byte
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,7 @@ from test_damage import (
     refused,
     wreck_slot,
 )
+from test_secrets import secrets_in_frames
 
 from citadeldb_openai_agents import (
     CitadelSessionStore,
@@ -39,6 +42,16 @@ from citadeldb_openai_agents.cli import main
 def damaged(tmp_path: Path) -> tuple[Path, Path]:
     """test_damage's file of three sessions (and its backup), to be damaged by each test."""
     return test_damage.original.__wrapped__(tmp_path)  # type: ignore[attr-defined, no-any-return]
+
+
+@contextlib.contextmanager
+def backed_up(path: Path, tmp_path: Path) -> Iterator[tuple[CitadelSessionStore, Path, Path]]:
+    """The file opened with an erasure ledger, just backed up: (store, ledger, backup)."""
+    ledger, backup = tmp_path / "erasures.jsonl", tmp_path / "b2" / "agent.cdl"
+    backup.parent.mkdir()
+    with CitadelSessionStore(path, KEY, erasure_ledger=ledger) as store:
+        store.backup(backup)
+        yield store, ledger, backup
 
 
 def digests(directory: Path) -> dict[str, str]:
@@ -159,10 +172,7 @@ def test_from_a_backup_the_lost_items_come_back_and_nothing_erased_since(
     is damaged. From the backup: the damaged item and all of bob come back, the popped one does
     not, and carol (written to since the backup) keeps her newer item."""
     path, _ = damaged
-    ledger, backup = tmp_path / "erasures.jsonl", tmp_path / "b2" / "agent.cdl"
-    backup.parent.mkdir()
-    with CitadelSessionStore(path, KEY, erasure_ledger=ledger) as store:
-        store.backup(backup)
+    with backed_up(path, tmp_path) as (store, ledger, backup):
         asyncio.run(store.session("alice").pop_item())  # alice 39: erased, recorded in the ledger
         asyncio.run(store.session("carol").add_items([{"role": "user", "content": "carol new"}]))
     damage_atom(path, Citadel(path).segments_of("alice"), 7, "item")  # alice 7
@@ -180,10 +190,7 @@ def test_from_a_backup_a_ledger_cut_short_of_the_files_head_is_refused(
     damaged: tuple[Path, Path], tmp_path: Path
 ) -> None:
     path, _ = damaged
-    ledger, backup = tmp_path / "erasures.jsonl", tmp_path / "b2" / "agent.cdl"
-    backup.parent.mkdir()
-    with CitadelSessionStore(path, KEY, erasure_ledger=ledger) as store:
-        store.backup(backup)
+    with backed_up(path, tmp_path) as (store, ledger, backup):
         store.erase_session("carol")
     damage_atom(path, Citadel(path).segments_of("alice"), 7, "item")
     ledger.write_bytes(b"")
@@ -202,10 +209,8 @@ def test_the_repair_command_takes_lost_items_from_a_backup_only_with_the_ledger(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     path, _ = damaged
-    ledger, backup = tmp_path / "erasures.jsonl", tmp_path / "b2" / "agent.cdl"
-    backup.parent.mkdir()
-    with CitadelSessionStore(path, KEY, erasure_ledger=ledger) as store:
-        store.backup(backup)
+    with backed_up(path, tmp_path) as (_, ledger, backup):
+        pass
     damage_atom(path, Citadel(path).segments_of("carol"), 0, "item")
     monkeypatch.setenv("CITADEL_PATH", str(path))
     monkeypatch.setenv("CITADEL_KEY", KEY)
@@ -222,42 +227,18 @@ def test_the_repair_command_takes_lost_items_from_a_backup_only_with_the_ledger(
     assert read_all(path) == {sid: items(sid, count) for sid, count in SESSIONS.items()}
 
 
-def frames_holding(error: BaseException, secret: str) -> list[str]:
-    """The package's frames (of `error` and its chain) whose locals hold `secret`: an error
-    tracker records them."""
-    found, pending, seen = [], [error], set()
-    while pending:
-        current = pending.pop()
-        if current is None or id(current) in seen:
-            continue
-        seen.add(id(current))
-        pending += [current.__cause__, current.__context__]
-        tb = current.__traceback__
-        while tb is not None:
-            frame = tb.tb_frame
-            if frame.f_code.co_filename != __file__:
-                for name, value in frame.f_locals.items():
-                    values = value if isinstance(value, (list, tuple)) else [value]
-                    found += [f"{frame.f_code.co_name}:{name}" for v in values if v == secret]
-            tb = tb.tb_next
-    return found
-
-
 def test_a_refused_repair_keeps_no_passphrase_in_its_frames(
     damaged: tuple[Path, Path], tmp_path: Path
 ) -> None:
     path, _ = damaged
-    ledger, backup = tmp_path / "erasures.jsonl", tmp_path / "b2" / "agent.cdl"
-    backup.parent.mkdir()
-    with CitadelSessionStore(path, KEY, erasure_ledger=ledger) as store:
-        store.backup(backup)
+    with backed_up(path, tmp_path) as (store, ledger, backup):
         store.erase_session("carol")
     damage_atom(path, Citadel(path).segments_of("alice"), 7, "item")
     ledger.write_bytes(b"")
     with pytest.raises(LedgerError) as cut:
         repair_file(path, KEY, from_backup=backup, erasure_ledger=ledger)
-    assert frames_holding(cut.value, KEY) == []
+    assert secrets_in_frames(cut.value, lambda value: value == KEY) == []
     damage_atom(path, "coa.meta", 0)
     with pytest.raises(CorruptDatabaseError) as layout:
         repair_file(path, KEY)
-    assert frames_holding(layout.value, KEY) == []
+    assert secrets_in_frames(layout.value, lambda value: value == KEY) == []

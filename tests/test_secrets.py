@@ -18,7 +18,7 @@ import sys
 import textwrap
 import threading
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import citadeldb
@@ -47,12 +47,14 @@ def leaked(text: str) -> list[str]:
     return [secret for secret in SECRETS if secret in text]
 
 
-def secrets_in_frames(error: BaseException) -> list[str]:
-    """Secrets held by the locals of any frame an error (or one in its chain) carries.
+def secrets_in_frames(error: BaseException, holds: Callable[[object], bool] | None = None) -> list[str]:
+    """Secrets held by the locals of any frame an error (or one in its chain) carries (`holds`
+    says what is one; by default this module's secrets and the keys derived from them).
 
     Error trackers (Sentry and the like) record these locals; a frame of the test itself
     (the first: it calls with the secret in hand) is not the library's.
     """
+    holds = holds or _holds_secret
     found, seen = [], set()
     pending: list[BaseException | None] = [error]
     while pending:
@@ -67,7 +69,7 @@ def secrets_in_frames(error: BaseException) -> list[str]:
             if frame.f_code.co_filename != __file__:
                 for name, value in frame.f_locals.items():
                     values = value if isinstance(value, (list, tuple)) else [value]
-                    found += [f"{frame.f_code.co_name}:{name}" for v in values if _holds_secret(v)]
+                    found += [f"{frame.f_code.co_name}:{name}" for v in values if holds(v)]
             tb = tb.tb_next
     return found
 

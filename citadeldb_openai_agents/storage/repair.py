@@ -50,7 +50,7 @@ from .records import (
     parse_segment,
     record_hid,
 )
-from .restore import private_copy
+from .restore import copy_files, move_in
 from .segment_cache import SessionState
 
 # Told the copy's path, the passphrase and the sessions that lost items, before the copy is verified:
@@ -76,9 +76,7 @@ def repair(
     work = tempfile.mkdtemp(prefix=".repairing-", dir=os.path.dirname(target))
     copy = os.path.join(work, os.path.basename(target))
     try:
-        for name, into in zip(database_files(target), database_files(copy), strict=True):
-            if os.path.isfile(name):
-                private_copy(name, into)
+        copy_files(target, copy)
         verdict = _clean(copy, keys[0], embedder, options)
         if verdict.ok:
             return RepairReport(target, False, [], None, "")
@@ -97,9 +95,7 @@ def repair(
                 f"({'; '.join(report.findings) or 'damaged pages'}). Nothing was changed: restore it from a backup."
             )
         aside = _move_aside(target)
-        for name, into in zip(database_files(copy), database_files(target), strict=True):
-            if os.path.exists(name):
-                os.replace(name, into)
+        move_in(copy, target)
         return RepairReport(target, True, lost, aside, verdict.describe(limit=3))
     finally:
         keys.clear()

@@ -52,9 +52,7 @@ def restore(
     live_head = later(live_head, at_least)
     staged = f"{target}.restoring-{os.getpid()}"
     try:
-        for name, copy in zip(database_files(source), database_files(staged), strict=True):
-            if os.path.isfile(name):
-                private_copy(name, copy)
+        copy_files(source, staged)
         local = _open_staged(staged, keys.pop(), source, target, embedder, options)
         try:
             entries, erased = _replay(local, ledger, mirror, live_head, notes)
@@ -67,7 +65,7 @@ def restore(
                 f"the backup {source} does not verify ({'; '.join(report.findings) or 'damaged items or pages'}); "
                 f"{target} was not changed."
             )
-        _move_in(staged, target)
+        move_in(staged, target)
     finally:
         keys.clear()
         for name in database_files(staged):
@@ -76,7 +74,15 @@ def restore(
     return RestoreReport(target, source, sessions, len(entries), erased, ledger, tuple(notes))
 
 
-def _move_in(staged: str, target: str) -> None:
+def copy_files(source: str, target: str) -> None:
+    """Private copies of the file `source` and each companion it has, at `target`'s names."""
+    for name, copy in zip(database_files(source), database_files(target), strict=True):
+        if os.path.isfile(name):
+            private_copy(name, copy)
+
+
+def move_in(staged: str, target: str) -> None:
+    """`staged`'s files over `target`'s, each renamed; a companion `staged` has not is removed."""
     for name, copy in zip(database_files(staged), database_files(target), strict=True):
         if os.path.exists(name):
             os.replace(name, copy)
