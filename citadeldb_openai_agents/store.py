@@ -25,6 +25,7 @@ from .errors import (
 )
 from .history import History
 from .options import Argon2Profile, SessionOptions, StoreOptions, SyncMode, TtlMode
+from .original_api import OriginalStoreApi, refuse_region
 from .people import check_labels, check_owner, check_owner_pattern, owner_by_pattern
 from .results import (
     Erasure,
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
     from .results import ImportSummary
 
 
-class FileStore:
+class FileStore(OriginalStoreApi):
     """An encrypted Citadel file shared by every session in it: all of `CitadelSessionStore` but
     the making of sessions (session.py adds it, as CitadelSession opens one of these).
     Its arguments are documented on `CitadelSessionStore`."""
@@ -81,9 +82,11 @@ class FileStore:
         ttl_mode: TtlMode | None = None,
         idle_ttl: float | None = None,
         owner_pattern: str | re.Pattern[str] | None = None,
+        region: str | None = None,
     ) -> None:
         wrong = None
         try:
+            refuse_region(region)  # 2.x's argument: raises, naming the way over (original_api.py)
             checks.check_passphrase(key)
             self.max_items = checks.check_max_items(max_items)
             self.owner_pattern = check_owner_pattern(owner_pattern)
@@ -92,9 +95,8 @@ class FileStore:
             self.session_settings = session_settings
             # The one options value, built once and passed whole (options.StoreOptions).
             options = StoreOptions.of(
-                ttl=ttl, ttl_mode=ttl_mode, idle_ttl=idle_ttl, sync_mode=sync_mode,
-                erasure_ledger=erasure_ledger, ledger_mirror=ledger_mirror,
-                argon2_profile=argon2_profile, cache_size=cache_size,
+                ttl=ttl, ttl_mode=ttl_mode, idle_ttl=idle_ttl, sync_mode=sync_mode, cache_size=cache_size,
+                erasure_ledger=erasure_ledger, ledger_mirror=ledger_mirror, argon2_profile=argon2_profile,
             )  # fmt: skip
             self._closed, self._close_lock = False, threading.Lock()
             self._file = SharedFile(
@@ -355,13 +357,9 @@ class FileStore:
     # -- whole sessions in and out: export, import, move (transfer/) --
 
     def export(self, session_id: str, *, progress: Progress | None = None) -> list[Any]:
-        """A session's items, oldest first, exactly as stored (for a data-access request).
-
-        `progress(done, total)` is called after each of the session's segments (256 items).
-
-        Raises:
-            SessionNotFoundError: the session holds no live item.
-        """
+        """A session's items, oldest first, exactly as stored (for a data-access request);
+        `progress(done, total)` after each of its segments (256 items). Raises
+        `SessionNotFoundError` when the session holds no live item."""
         self._check_open()
         items = decode_items(self._file.call(ops.ALL_ITEMS, session_id, progress=progress))
         if not items:
@@ -378,6 +376,7 @@ class FileStore:
         branch: str = MAIN,
         owner: str | None = None,
         labels: dict[str, Any] | None = None,
+        expires_at: Sequence[int | None] | None = None,
     ) -> ImportSummary:
         """Import items into a session, verbatim and in order; a rerun resumes, never duplicates.
 
@@ -388,6 +387,8 @@ class FileStore:
         replaces nothing there: the session's own replacement erased it); its name is recorded
         as used, as a branch created here. `owner` and `labels` are recorded as
         `session(session_id, owner=, labels=)` records them, checked before anything is written.
+        `expires_at`: each item's own expiry (µs since the epoch, or None), kept by an import from a
+        file that had one; the store's own TTL still applies, and the earlier wins.
 
         Raises:
             SessionNotEmptyError: mode "new" and the session holds other items; nothing was written.
@@ -400,17 +401,13 @@ class FileStore:
         owner = None if owner is None else check_owner(owner, "import_items' owner=")
         labels = None if labels is None else check_labels(labels, "import_items' labels=")
         batch = encode_batch(list(items), owner=owner, labels=labels)
+        if expires_at is not None and len(expires_at) != len(batch):
+            raise ValueError(f"expires_at holds {len(expires_at)} expiries for {len(batch)} items")
         if branch != MAIN:
             self._file.call(ops.RESERVE, session_id, [branch])
-        return import_chunks(
-            self._file,
-            session_id,
-            batch,
-            mode,
-            self._history(session_id, None).expires_at,
-            progress,
-            branch,
-        )
+        expiry = self._history(session_id, None).expires_at
+        own = None if expires_at is None else list(expires_at)
+        return import_chunks(self._file, session_id, batch, mode, expiry, progress, branch, own)
 
     def import_usage(
         self,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -42,13 +42,34 @@ class ImportPlan:
     refused: bool = False
 
 
-def chunk_ids(key: SessionKey, payloads: list[str], chunk: int) -> list[str]:
-    """One batch id per chunk of `chunk` items: the import's identity and the chunk's number."""
+def cuts(count: int, chunk: int, own_expiry: Sequence[int | None] | None = None) -> list[int]:
+    """Where each of the chunks of `count` items ends: every `chunk` items, and, for items that
+    keep an expiry of their own (`own_expiry`, an import from the original package's files),
+    wherever it changes: one chunk is one batch, and a batch has one expiry."""
+    if own_expiry is None:
+        return [*range(chunk, count, chunk), count] if count else []
+    ends, start = [], 0
+    for end in range(1, count + 1):
+        if end == count or end - start == chunk or own_expiry[end] != own_expiry[start]:
+            ends.append(end)
+            start = end
+    return ends
+
+
+def earliest(first: int | None, second: int | None) -> int | None:
+    """The earlier of two expiries (None: never)."""
+    return second if first is None else first if second is None else min(first, second)
+
+
+def chunk_ids(
+    key: SessionKey, payloads: list[str], chunk: int, own_expiry: Sequence[int | None] | None = None
+) -> list[str]:
+    """One batch id per chunk (`cuts`): the import's identity and the chunk's number."""
     target = key if isinstance(key, str) else json.dumps(list(key))  # a branch's: another identity
     identity = hashlib.sha256(
         target.encode("utf-8", "surrogatepass") + b"\0" + digest(payloads).encode()
     ).hexdigest()[:32]
-    return [f"import-{identity}-{number}" for number in range(-(-len(payloads) // chunk))]
+    return [f"import-{identity}-{number}" for number in range(len(cuts(len(payloads), chunk, own_expiry)))]
 
 
 def as_stored(items: list[Any]) -> list[str]:
@@ -56,27 +77,34 @@ def as_stored(items: list[Any]) -> list[str]:
     return [encode_item(item, position) for position, item in enumerate(items)]
 
 
-def plan(held: list[str], incoming: list[str], mode: ImportMode, chunk: int) -> ImportPlan:
+def plan(
+    held: list[str],
+    incoming: list[str],
+    mode: ImportMode,
+    chunk: int,
+    own_expiry: Sequence[int | None] | None = None,
+) -> ImportPlan:
     """Where an import of `incoming` into a session holding `held` starts.
 
     * the session holds nothing: from the start;
     * it ends with this import's first chunks (held from an interrupted run, or a complete
       one): after them, whatever the mode: a rerun neither duplicates nor loses an item.
-      With "new" and "replace" the session must hold exactly those chunks; with "append",
-      they follow what it held before;
+      With "new" and "replace" the session must hold exactly this import's first items (at a
+      chunk's end, or anywhere: the items an earlier import of a source that has grown since
+      brought); with "append", whole chunks that follow what it held before;
     * otherwise "append" starts after what it holds, "replace" clears it first, and "new"
       is refused.
     """
     if not held or not incoming:
         return ImportPlan(0)
-    boundaries = [*range(chunk, len(incoming), chunk), len(incoming)]
+    boundaries = cuts(len(incoming), chunk, own_expiry)
     if mode == "append":
         for end in reversed(boundaries):
             if end <= len(held) and held[len(held) - end :] == incoming[:end]:
                 return ImportPlan(end)
         return ImportPlan(0)
-    if len(held) in boundaries and held == incoming[: len(held)]:
-        return ImportPlan(len(held))
+    if len(held) <= len(incoming) and held == incoming[: len(held)]:
+        return ImportPlan(len(held))  # a run's whole chunks, or an earlier import of a source that grew
     if mode == "replace":
         return ImportPlan(0, clear=True)
     return ImportPlan(0, refused=True)
@@ -90,14 +118,16 @@ def import_chunks(
     expires_at: Callable[[], int | None],
     progress: Progress | None,
     branch: str = MAIN,
+    own_expiry: Sequence[int | None] | None = None,
 ) -> ImportSummary:
     """`CitadelSessionStore.import_items` on its file: plan, refuse or clear, then write each chunk once.
 
     Into another `branch` than MAIN, "replace" replaces nothing: a replacement of the session
-    (its MAIN import) erased every branch already.
+    (its MAIN import) erased every branch already. `own_expiry`: each item's own, when it has
+    one (the store's own expiry still applies: the earlier wins).
     """
     key = key_of(session_id, branch)
-    chosen = plan(file.call(ops.ALL_ITEMS, key), batch.payloads, mode, CHUNK)
+    chosen = plan(file.call(ops.ALL_ITEMS, key), batch.payloads, mode, CHUNK, own_expiry)
     if chosen.refused:
         raise SessionNotEmptyError(
             f"session {session_id!r} in {file.path} already holds items other than this import's; "
@@ -108,10 +138,10 @@ def import_chunks(
         file.call(ops.CLAIM_OWNER, session_id, batch.owner, batch.labels)
     if chosen.clear:
         if branch != MAIN:
-            chosen = plan(file.call(ops.ALL_ITEMS, key), batch.payloads, "append", CHUNK)
+            chosen = plan(file.call(ops.ALL_ITEMS, key), batch.payloads, "append", CHUNK, own_expiry)
         else:
             file.clear(session_id)
-    write_chunks(file, key, batch, chosen.start, expires_at, progress)
+    write_chunks(file, key, batch, chosen.start, expires_at, progress, own_expiry)
     return ImportSummary(session_id, len(batch), len(batch) - chosen.start, chosen.start, chosen.clear)
 
 
@@ -122,18 +152,20 @@ def write_chunks(
     start: int,
     expires_at: Callable[[], int | None],
     progress: Progress | None,
+    own_expiry: Sequence[int | None] | None = None,
 ) -> None:
     """Append the items from `start` on, chunk by chunk, each under its chunk's batch id.
 
     Chunks are counted from the first item whatever `start` is, so a rerun that starts where
     a run left off sends each chunk under the id the first run sent it under.
     """
-    ids = chunk_ids(session_id, batch.payloads, CHUNK)
-    done = start
-    while done < len(batch):
-        number = done // CHUNK
-        part = slice(done, min((number + 1) * CHUNK, len(batch)))
-        file.append_batch(session_id, batch.part(part, expires_at()), ids[number])
-        done = part.stop
+    ends = cuts(len(batch), CHUNK, own_expiry)
+    ids = chunk_ids(session_id, batch.payloads, CHUNK, own_expiry)
+    for number, end in enumerate(ends):
+        begin = ends[number - 1] if number else 0
+        if end <= start:
+            continue
+        expiry = expires_at() if own_expiry is None else earliest(expires_at(), own_expiry[begin])
+        file.append_batch(session_id, batch.part(slice(max(begin, start), end), expiry), ids[number])
         if progress is not None:
-            progress(done, len(batch))
+            progress(end, len(batch))
