@@ -25,8 +25,11 @@ from .errors import (
     InvalidOwnerError,
     LedgerError,
     MoveConflictError,
+    OriginalLayoutError,
+    OriginalSourceError,
     OwnerMismatchError,
     OwnerNotFoundError,
+    ReplacedApiError,
     SessionClosedError,
     SessionNotEmptyError,
     SessionNotFoundError,
@@ -38,6 +41,7 @@ from .errors import (
 from .migration.backups import restore_sessions
 from .migration.copy import copy_session
 from .migration.files import export_all, export_fleet, export_sqlite, import_file
+from .migration.original_files import import_original
 from .offline import reembed, repair_file, restore_backup, verify_file
 from .results import (
     EndedSession,
@@ -49,6 +53,7 @@ from .results import (
     IntegrityReport,
     LockHolder,
     MoveSummary,
+    OriginalImportReport,
     OwnerErasure,
     OwnerHit,
     PageLayout,
@@ -60,6 +65,7 @@ from .results import (
     SessionLoss,
     SessionsRestoreReport,
     SessionSummary,
+    SourceErasure,
 )
 from .session import CitadelSession, CitadelSessionStore
 from .shards import read_ring_file, shard_for, write_ring_file
@@ -99,6 +105,9 @@ __all__ = [
     "LockHolder",
     "MoveConflictError",
     "MoveSummary",
+    "OriginalImportReport",
+    "OriginalLayoutError",
+    "OriginalSourceError",
     "OwnerErasure",
     "OwnerHit",
     "OwnerMismatchError",
@@ -107,6 +116,7 @@ __all__ = [
     "PurgeReport",
     "ReembedSummary",
     "RepairReport",
+    "ReplacedApiError",
     "SentenceTransformerEmbedder",
     "SessionClosedError",
     "SessionExport",
@@ -117,6 +127,7 @@ __all__ = [
     "SessionSummary",
     "SessionsRestoreReport",
     "ShardMovingError",
+    "SourceErasure",
     "StorageError",
     "WrongPassphraseError",
     "WrongShardError",
@@ -126,6 +137,7 @@ __all__ = [
     "export_sqlite",
     "from_config",
     "import_file",
+    "import_original",
     "read_ring_file",
     "reembed",
     "repair_file",

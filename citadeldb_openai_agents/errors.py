@@ -24,6 +24,9 @@ exception reaches a caller: storage/translate.py turns each into one of these.
     ├── MoveConflictError (ValueError)         a move whose target holds other items, or whose session changed
     ├── BranchError (ValueError)               a branch or turn that is not there, or a branch name used before
     ├── ImportSourceError (ValueError)         an import's source cannot be read as a session file
+    │   └── OriginalSourceError                a Citadel file given to import_file: import_original reads it
+    ├── OriginalLayoutError                    a whole file of citadeldb-openai-agents 2.x: import it
+    ├── ReplacedApiError (TypeError)           a 2.x call that works otherwise here (names the replacement)
     ├── WrongShardError (LookupError)          the session belongs to another shard (names it)
     │   └── ShardMovingError                   it is moving to another shard: retry shortly
     ├── BackupExistsError (FileExistsError)    a backup would overwrite a file
@@ -113,6 +116,8 @@ RUN_VERIFY = (
     "Run `python -m citadeldb_openai_agents verify` for a report, and restore the file and its "
     "companion files from a backup."
 )
+# Where users of the original package (citadeldb-openai-agents 2.x) read how to come over.
+MIGRATION_PAGE = "docs/migrating.md, 'Coming from citadeldb-openai-agents 2.x'"
 # Damage the open-time audit counted per session: `repair` can keep everything else.
 RUN_VERIFY_OR_REPAIR = RUN_VERIFY[:-1] + ", or run `repair --yes` to keep every item that can still be read."
 
@@ -217,6 +222,29 @@ class BranchError(CitadelSessionError, ValueError):
 
 class ImportSourceError(CitadelSessionError, ValueError):
     """An import's source is not a session file this package reads (or is damaged)."""
+
+
+class OriginalSourceError(ImportSourceError):
+    """`import_file` was given a Citadel file: one of citadeldb-openai-agents 2.x is imported with
+    `import_original`, which takes its passphrase."""
+
+
+class ReplacedApiError(CitadelSessionError, TypeError):
+    """A call of citadeldb-openai-agents 2.x that works otherwise here: the message names what
+    replaces it and the migration page."""
+
+
+class OriginalLayoutError(CitadelSessionError):
+    """The file was written by the original package, citadeldb-openai-agents 2.x: it is whole,
+    and its sessions come over with `import_original` (`python -m citadeldb_openai_agents import`).
+    `regions` maps each region in that layout to its unexpired items."""
+
+    def __init__(self, message: str, regions: dict[str, int] | None = None) -> None:
+        super().__init__(message)
+        self.regions = dict(regions or {})
+
+    def __reduce__(self) -> tuple[type[OriginalLayoutError], tuple[str, dict[str, int]]]:
+        return (type(self), (str(self), self.regions))
 
 
 class BackupExistsError(CitadelSessionError, FileExistsError):

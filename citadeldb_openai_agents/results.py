@@ -263,6 +263,36 @@ class ImportReport:
 
 
 @dataclass(frozen=True)
+class SourceErasure:
+    """The erasure of an imported region of an original (2.x) file: Citadel's forget receipts,
+    summed over every atom of the region, expired ones included, then read back."""
+
+    region: str
+    atoms: int
+    expired: int  # of `atoms`: hidden from every read, their keys alive until this forget
+    cryptographic: bool  # every receipt was a cryptographic erasure (per-atom keys destroyed)
+    readback_confirmed: bool  # every receipt read back, and no atom of the region is left
+    algorithm: str
+
+
+@dataclass(frozen=True)
+class OriginalImportReport(ImportReport):
+    """What `import_original` did with a file of citadeldb-openai-agents 2.x (or, with `dry_run`,
+    would do: then each summary's `written` counts what would be written, and nothing was).
+
+    `expired` items had passed their time and were not imported; `refused` sessions already hold
+    other items (mode "new": a real run refuses them all); `source_erasure` is the receipt of the
+    source's erasure when it was asked for.
+    """
+
+    region: str = ""
+    expired: int = 0
+    dry_run: bool = False
+    refused: list[str] = field(default_factory=list)
+    source_erasure: SourceErasure | None = None
+
+
+@dataclass(frozen=True)
 class ExportSummary:
     """What an export to files wrote: the file or directory, and each session with its item count.
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import BranchError, CitadelSessionError, ForkedStoreError, SessionClosedError
 from .history import complete_despite_cancellation
 from .options import SessionOptions, TtlMode, check_max_items
+from .original_api import refuse_region
 from .people import check_labels, check_owner, owner_by_pattern
 from .results import Erasure, HistoryHit
 from .store import FileStore
@@ -75,8 +76,10 @@ class CitadelSession:
         idle_ttl: float | None = None,
         owner: str | None = None,
         labels: dict[str, Any] | None = None,
+        region: str | None = None,
     ) -> None:
         try:
+            refuse_region(region)  # 2.x's argument: raises, naming the way over (original_api.py)
             self._max_items = check_max_items(max_items)
             self.owner = None if owner is None else check_owner(owner, "CitadelSession's owner=")
             self.labels = None if labels is None else check_labels(labels, "CitadelSession's labels=")
@@ -106,8 +109,7 @@ class CitadelSession:
         self._history = store._history(
             session_id, None if own == SessionOptions() else own, self.owner, self.labels
         )
-        self._closed = False
-        self.on_run_context = on_run_context
+        self._closed, self.on_run_context = False, on_run_context
 
     @property
     def session_settings(self) -> SessionSettings:
@@ -472,6 +474,8 @@ class CitadelSessionStore(FileStore):
         owner_pattern: A regular expression with a group named ``owner`` that finds the person
             in a session id (``^(?P<owner>[^:]+):``): `session(id)` given no ``owner`` takes the
             one it finds, and `apply_owner_pattern` records it for sessions written before.
+        region: citadeldb-openai-agents 2.x's region; refused (`ReplacedApiError`) with the command
+            that imports a 2.x file's region. Its `items`, `append` and `erase` raise the same way.
 
     Stores on one file in one process share one open database (another passphrase is refused);
     every process on it needs the same passphrase, TTL rules, embedder, sync mode and ledger, or adopts them.

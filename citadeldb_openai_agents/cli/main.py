@@ -163,13 +163,13 @@ def _add_import(add: Any, as_json: Any) -> None:
     """import: sessions from the SDK's files or JSON Lines."""
     source = add(
         "import",
-        "import sessions from an Agents SDK session file or an exported JSON Lines file",
-        "import_file(store, source)",
-        "SOURCE is an agents.SQLiteSession or AdvancedSQLiteSession file (every session in it, "
-        "read-only) or a JSON Lines file as export writes it (with --session-id). Items arrive "
-        "verbatim and in order. A session that already holds other items is refused (nothing is "
-        "written) unless --append or --replace. If interrupted, run the same command again: it "
-        "resumes, and never duplicates an item.",
+        "import sessions from a citadeldb-openai-agents 2.x file, an Agents SDK session file or JSON Lines",
+        "import_file(store, source); import_original(store, source, key)",
+        "SOURCE: a Citadel file of citadeldb-openai-agents 2.x (passphrase: --source-key-file, "
+        "CITADEL_SOURCE_KEY_FILE, CITADEL_SOURCE_KEY or a prompt), an agents.SQLiteSession or "
+        "AdvancedSQLiteSession file, or an export's JSON Lines (with --session-id). Items arrive "
+        "verbatim, in order; a session holding others is refused unless --append or --replace. "
+        "Interrupted, the same command resumes, never duplicating.",
         as_json,
     )
     source.add_argument("source", metavar="SOURCE")
@@ -183,12 +183,6 @@ def _add_import(add: Any, as_json: Any) -> None:
         metavar="OWNER",
         help="the person every imported session is about (a file export --format sqlite wrote "
         "carries each session's owner and labels without it)",
-    )
-    source.add_argument(
-        "--sessions-table", default="agent_sessions", metavar="NAME", help="default: agent_sessions"
-    )
-    source.add_argument(
-        "--messages-table", default="agent_messages", metavar="NAME", help="default: agent_messages"
     )
     source.add_argument(
         "--create", action="store_true", help="create the database file if it does not exist (else it must)"
@@ -208,7 +202,32 @@ def _add_import(add: Any, as_json: Any) -> None:
         dest="mode",
         help="erase a session's items first (keys destroyed)",
     )
+    _add_source_options(source)
     source.set_defaults(run=migration.import_, mode="new")
+
+
+def _add_source_options(source: Any) -> None:
+    """import's options for one kind of source: an SDK file's tables; a 2.x file's passphrase,
+    region, dry run and erasure."""
+    source.add_argument(
+        "--sessions-table", default="agent_sessions", metavar="NAME", help="default: agent_sessions"
+    )
+    source.add_argument(
+        "--messages-table", default="agent_messages", metavar="NAME", help="default: agent_messages"
+    )
+    source.add_argument("--source-key-file", metavar="FILE", help="2.x file: a file holding its passphrase")
+    source.add_argument(
+        "--source-region", metavar="NAME", help="2.x file: the region to import, if it has several"
+    )
+    source.add_argument(
+        "--dry-run", action="store_true", help="2.x file: say what would come over; write nothing"
+    )
+    source.add_argument(
+        "--erase-source",
+        action="store_true",
+        help="2.x file: once the import reads back whole, erase every atom of the source's region "
+        "(Citadel's forget, expired atoms too) and print the receipt",
+    )
 
 
 def _add_erasures(add: Any, as_json: Any) -> None:

@@ -12,9 +12,10 @@ from pathlib import Path
 
 from .. import export_all, export_sqlite, import_file, restore_sessions
 from ..config import build_embedder
+from ..errors import OriginalSourceError
 from ..people import check_owner
 from ..results import ExportSummary, SessionsRestoreReport
-from . import owners, receipts, render
+from . import original, owners, receipts, render
 from .opening import Refused, open_new_or_existing, open_store, settings_of, usage, warnings_printed
 
 
@@ -111,20 +112,23 @@ def _export_one(args: argparse.Namespace, session_id: str) -> int:
 def import_(args: argparse.Namespace) -> int:
     if args.owner is not None:
         check_owner(args.owner, "--owner")
-    with (
-        open_new_or_existing(args, settings_of(args)) as store,
-        render.progress_bar("importing", enabled=not args.json, unit="item") as progress,
-    ):
-        report = import_file(
-            store,
-            args.source,
-            session_id=args.session_id,
-            sessions_table=args.sessions_table,
-            messages_table=args.messages_table,
-            mode=args.mode,
-            owner=args.owner,
-            progress=progress,
-        )
+    with open_new_or_existing(args, settings_of(args)) as store:
+        if original.wants_original(args):
+            return original.import_2x(args, store)
+        try:
+            with render.progress_bar("importing", enabled=not args.json, unit="item") as progress:
+                report = import_file(
+                    store,
+                    args.source,
+                    session_id=args.session_id,
+                    sessions_table=args.sessions_table,
+                    messages_table=args.messages_table,
+                    mode=args.mode,
+                    owner=args.owner,
+                    progress=progress,
+                )
+        except OriginalSourceError:  # a Citadel file: citadeldb-openai-agents 2.x's, read with its passphrase
+            return original.import_2x(args, store)
         path = store.path
     if args.json:
         render.print_json(render.import_dict(path, report))

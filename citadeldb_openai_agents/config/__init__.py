@@ -11,7 +11,7 @@ directory, with where each value came from; `from_config` and `check`.
 
 from ..storage.files import database_files
 from .check import CheckReport, DatabaseReport, SettingReport, check_configuration
-from .keyfile import new_passphrase, read_key_file
+from .keyfile import new_passphrase, read_key_file, source_passphrase
 from .load import (
     ConfigSource,
     build_embedder,
@@ -50,5 +50,6 @@ __all__ = [
     "reembed_from_config",
     "repair_from_config",
     "restore_from_config",
+    "source_passphrase",
     "verify_from_config",
 ]

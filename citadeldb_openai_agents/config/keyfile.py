@@ -63,6 +63,10 @@ NEW_KEY_VARIABLE = "CITADEL_NEW_KEY"
 NEW_KEY_FILE_VARIABLE = "CITADEL_NEW_KEY_FILE"
 
 
+SOURCE_KEY_VARIABLE = "CITADEL_SOURCE_KEY"
+SOURCE_KEY_FILE_VARIABLE = "CITADEL_SOURCE_KEY_FILE"
+
+
 def new_passphrase(new_key_file: str | os.PathLike[str] | None = None) -> tuple[str, str] | None:
     """The new passphrase for a key rotation, and where it came from; None when none is given.
 
@@ -70,16 +74,30 @@ def new_passphrase(new_key_file: str | os.PathLike[str] | None = None) -> tuple[
     ``CITADEL_NEW_KEY_FILE`` (not both). Raises `ValueError` naming the source (never
     the value) for an unreadable or empty file, or for both variables set.
     """
-    if new_key_file is not None:
-        return read_key_file(new_key_file), f"--new-key-file {os.fspath(new_key_file)}"
-    value, file = os.environ.get(NEW_KEY_VARIABLE), os.environ.get(NEW_KEY_FILE_VARIABLE)
+    return _passphrase_given(new_key_file, "--new-key-file", NEW_KEY_VARIABLE, NEW_KEY_FILE_VARIABLE, "new")
+
+
+def source_passphrase(source_key_file: str | os.PathLike[str] | None = None) -> tuple[str, str] | None:
+    """The passphrase of a file to import (`import`'s source), and where it came from; None when
+    none is given. From `source_key_file` (``--source-key-file``), else ``CITADEL_SOURCE_KEY`` or
+    ``CITADEL_SOURCE_KEY_FILE`` (not both), as `new_passphrase`."""
+    return _passphrase_given(
+        source_key_file, "--source-key-file", SOURCE_KEY_VARIABLE, SOURCE_KEY_FILE_VARIABLE, "source file's"
+    )
+
+
+def _passphrase_given(
+    key_file: str | os.PathLike[str] | None, flag: str, variable: str, file_variable: str, whose: str
+) -> tuple[str, str] | None:
+    if key_file is not None:
+        return read_key_file(key_file), f"{flag} {os.fspath(key_file)}"
+    value, file = os.environ.get(variable), os.environ.get(file_variable)
     if value is not None and file is not None:
         raise ValueError(
-            f"the new passphrase is set twice, by {NEW_KEY_VARIABLE} and by {NEW_KEY_FILE_VARIABLE}; "
-            "unset one of them"
+            f"the {whose} passphrase is set twice, by {variable} and by {file_variable}; unset one of them"
         )
     if value is not None:
-        return value, NEW_KEY_VARIABLE
+        return value, variable
     if file is not None:
-        return read_key_file(file), f"{NEW_KEY_FILE_VARIABLE} {file}"
+        return read_key_file(file), f"{file_variable} {file}"
     return None

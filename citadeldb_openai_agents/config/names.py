@@ -18,6 +18,8 @@ OTHER_VARIABLES = {
     CONFIG_VARIABLE: "the TOML file to read (default: ./citadel.toml when it exists)",
     "CITADEL_NEW_KEY": "the new passphrase for the rotate-key command",
     "CITADEL_NEW_KEY_FILE": "a file holding the new passphrase for the rotate-key command",
+    "CITADEL_SOURCE_KEY": "the passphrase of a citadeldb-openai-agents 2.x file to import",
+    "CITADEL_SOURCE_KEY_FILE": "a file holding the passphrase of a citadeldb-openai-agents 2.x file to import",
 }
 
 OPTION_VARIABLES = f"{ENV_PREFIX}EMBEDDER__OPTIONS__<NAME>"

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..errors import (
     ImportSourceError,
+    OriginalSourceError,
     OwnerMismatchError,
     OwnerNotFoundError,
     SessionNotEmptyError,
@@ -23,6 +24,7 @@ from ..errors import (
 from ..people import check_owner
 from ..results import ExportSummary, ImportReport, ImportSummary, Progress, SessionExport, SessionSummary
 from ..session import CitadelSessionStore
+from ..storage.files import is_citadel_file
 from ..transfer.chunks import CHUNK, IMPORT_MODES, ImportMode, as_stored, plan
 from .jsonl import JsonlSource, write_session_files
 from .sdk_files import SqliteSource, is_sqlite, write_sqlite_file
@@ -268,6 +270,11 @@ def _open_source(
     if not os.path.isfile(source):
         raise ImportSourceError(
             f"there is no file {os.path.abspath(source)} to import; nothing was imported."
+        )
+    if is_citadel_file(source):
+        raise OriginalSourceError(
+            f"{os.path.abspath(source)} is a Citadel file: one that citadeldb-openai-agents 2.x wrote "
+            "is imported with import_original(store, source, key), which takes its passphrase."
         )
     if is_sqlite(source):
         return SqliteSource(source, sessions_table=sessions_table, messages_table=messages_table)

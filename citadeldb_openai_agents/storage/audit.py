@@ -15,9 +15,16 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import RUN_VERIFY_OR_REPAIR, CorruptDatabaseError, StorageError
+from ..errors import (
+    MIGRATION_PAGE,
+    RUN_VERIFY_OR_REPAIR,
+    CorruptDatabaseError,
+    OriginalLayoutError,
+    StorageError,
+)
 from .codec import SEARCH_KIND
 from .inventory import FileInventory, UnsupportedEngineError, take_inventory
+from .original_layout import original_regions
 from .records import (
     CATALOG_KIND,
     CATALOG_REGION,
@@ -195,6 +202,8 @@ def check_before_memory(db: Any, path: str) -> AuditVerdict:
     Nothing is written: the damaged files stay as they are, for a restore.
     """
     verdict = audit(inventory_of(db, path))
+    if verdict.layout_format is None and verdict.file:
+        refuse_original_layout(db, path)
     if not verdict.ok:
         error = CorruptDatabaseError(
             f"{path} is damaged: {verdict.describe()}. Nothing was changed.", RUN_VERIFY_OR_REPAIR
@@ -215,3 +224,23 @@ def inventory_of(db: Any, path: str) -> FileInventory:
             "(pip install 'citadeldb>=2.7,<2.8'), or a release of citadeldb-openai-agents "
             "that supports yours."
         ) from None
+
+
+def refuse_original_layout(db: Any, path: str) -> None:
+    """Raise `OriginalLayoutError` when the file is the original package's, with no layout of ours:
+    whole, not damaged, and to be imported rather than restored."""
+    regions = original_regions(db)
+    if not regions:
+        return
+    what = ", ".join(
+        f"region {region.name!r}, {region.items:,} item{'s' * (region.items != 1)}" for region in regions
+    )
+    choose = f" --source-region {regions[0].name}" if len(regions) > 1 else ""
+    raise OriginalLayoutError(
+        f"{path} was written by citadeldb-openai-agents 2.x: {what}. The file is whole and nothing "
+        "was changed, but this package keeps sessions in a layout of its own. Import them into a "
+        f"new file: CITADEL_PATH=NEW.cdl python -m citadeldb_openai_agents import {path}{choose} "
+        "--create (it asks for the 2.x passphrase, or reads CITADEL_SOURCE_KEY_FILE); "
+        f"see {MIGRATION_PAGE}.",
+        {region.name: region.items for region in regions},
+    )

@@ -35,6 +35,16 @@ def page_layout(path: str, high_water_mark: int = 0) -> PageLayout | None:
     return PageLayout(HEADER_BYTES, int.from_bytes(header[8:12], "little"), high_water_mark, size)
 
 
+# The first bytes of every Citadel database file (citadeldb 2.7.0).
+CITADEL_MAGIC = b"\xe1\xd3\x7a\xc1"
+
+
+def is_citadel_file(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` begins as a Citadel database file does."""
+    with open(path, "rb") as file:
+        return file.read(len(CITADEL_MAGIC)) == CITADEL_MAGIC
+
+
 def resolve_path(path: str | os.PathLike[str]) -> str:
     """The canonical path two openers of one file agree on (relative, ``..``, symlinks resolved)."""
     return os.path.realpath(os.path.expanduser(os.fspath(path)))

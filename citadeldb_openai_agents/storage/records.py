@@ -25,6 +25,8 @@ from typing import Any
 from ..options import SessionOptions
 
 LAYOUT_FORMAT = 2
+# Every region of this layout is named under it (a region outside it is not ours: original_layout.py).
+PREFIX = "coa."
 META_REGION = "coa.meta"
 META_KIND = "layout"
 CATALOG_REGION = "coa.catalog"
