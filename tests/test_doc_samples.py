@@ -1,4 +1,4 @@
-"""The commands' sample outputs in docs/operations.md and docs/configuration.md are what they print.
+"""The commands' sample outputs in docs/operations.md, configuration.md and migrating.md are what they print.
 
 Each sample is replayed in a directory set up as the page says (its citadel.toml, the
 sessions it shows), the command run through the CLI's entry point as the page runs it
@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import json
 import re
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,7 @@ from citadeldb_openai_agents.cli import main
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 OPERATIONS, CONFIGURATION = DOCS / "operations.md", DOCS / "configuration.md"
+MIGRATING = DOCS / "migrating.md"
 PASSPHRASE = "operations page sample passphrase 5e1c"
 MOCHI = [
     {"role": "user", "content": "My dog is called Mochi."},
@@ -237,3 +240,31 @@ def test_the_check_samples_are_what_check_prints(agent_app: Path, monkeypatch: p
         'path = "data/agent_sessions.cdl"\nkey_file = "secrets/citadel_key\n'
     )
     assert_as_shown("python -m citadeldb_openai_agents check", agent_app, "/srv", 1, CONFIGURATION)
+
+
+def test_the_migration_samples_are_what_the_commands_print(
+    clean_environment: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/migrating.md's /srv/agent: the committed 2.x fixture as old.cdl, and a citadel.toml for the new file."""
+    fixtures = Path(__file__).resolve().parent / "legacy_files"
+    for path in fixtures.glob("default.cdl*"):
+        shutil.copy2(path, tmp_path / path.name.replace("default.cdl", "old.cdl"))
+    manifest = json.loads((fixtures / "manifest.json").read_text())
+    (tmp_path / "old.key").write_text(manifest["default.cdl"]["key"] + "\n")
+    (tmp_path / "citadel.toml").write_text('path = "agent.cdl"\nkey_file = "citadel.key"\n')
+    (tmp_path / "citadel.key").write_text(PASSPHRASE + "\n")
+    for name in ("old.key", "citadel.key"):
+        (tmp_path / name).chmod(0o600)
+    monkeypatch.setenv("CITADEL_ARGON2_PROFILE", "iot")
+    refused = (
+        "CITADEL_PATH=/srv/agent/old.cdl CITADEL_KEY_FILE=old.key python -m citadeldb_openai_agents sessions"
+    )
+    shown, status = sample(refused, page=MIGRATING)
+    printed, code = run(refused.replace("/srv/agent", str(tmp_path)))
+    assert as_shown(masked(printed, tmp_path, "/srv/agent"), masked(shown)), printed
+    assert code == status == 1
+    importing = "python -m citadeldb_openai_agents import old.cdl --source-key-file old.key"
+    for command in (f"{importing} --dry-run", f"{importing} --create"):
+        assert_as_shown(command, tmp_path, "/srv/agent", page=MIGRATING)
+    assert_as_shown("python -m citadeldb_openai_agents sessions", tmp_path, "/srv/agent", page=MIGRATING)
+    assert_as_shown(f"{importing} --erase-source", tmp_path, "/srv/agent", page=MIGRATING)

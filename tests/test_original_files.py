@@ -239,6 +239,11 @@ def test_a_session_holding_other_items_is_refused_before_anything_is_written(
         appended = import_original(store, legacy / "default.cdl", SOURCE_KEY, mode="append")
         assert store.export("bob")[1:] == expected("default.cdl", "sessions")["bob"]["items"]
         assert appended.written == 1070
+    # Before the target exists: a dry run plans against nothing; a real import needs a store.
+    empty = import_original(None, legacy / "default.cdl", SOURCE_KEY, dry_run=True)
+    assert empty.refused == [] and [s.written for s in empty.sessions] == [s.items for s in empty.sessions]
+    with pytest.raises(ValueError, match="dry_run=True"):
+        import_original(None, legacy / "default.cdl", SOURCE_KEY)
 
 
 # -- the command ------------------------------------------------------------------------
@@ -261,8 +266,9 @@ def test_the_import_command_dry_run_import_rerun_and_receipt(
     assert code == 0, err
     assert out.startswith("dry run, nothing was written: would import 11 sessions, 1070 items from")
     assert "6 items had expired and would not be imported" in out and "  big: 1000 items\n" in out
-    with open_target(target) as store:
-        assert store.session_ids() == []
+    # A dry run writes nothing, so even with --create it makes no target: it plans against none.
+    assert f"into {target} (not made yet: nothing is held there)" in out
+    assert not list(tmp_path.glob(target.name + "*"))
     code, out, err = run_here(capsys, monkeypatch, target, *given)
     assert code == 0, err
     assert "imported 11 sessions, 1070 items" in out and "the source is unchanged" in out

@@ -112,7 +112,10 @@ def _export_one(args: argparse.Namespace, session_id: str) -> int:
 def import_(args: argparse.Namespace) -> int:
     if args.owner is not None:
         check_owner(args.owner, "--owner")
-    with open_new_or_existing(args, settings_of(args)) as store:
+    settings = settings_of(args)
+    if args.dry_run:  # writes nothing, so it never creates the target: a missing one plans as empty
+        return original.dry_run(args, settings)
+    with open_new_or_existing(args, settings) as store:
         if original.wants_original(args):
             return original.import_2x(args, store)
         try:

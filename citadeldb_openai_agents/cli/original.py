@@ -14,10 +14,16 @@ import sys
 from datetime import datetime, timezone
 from typing import Any
 
-from .. import CitadelSessionStore, OriginalImportReport, WrongPassphraseError, import_original
-from ..config import source_passphrase
+from .. import (
+    CitadelSessionStore,
+    DatabaseNotFoundError,
+    OriginalImportReport,
+    WrongPassphraseError,
+    import_original,
+)
+from ..config import CitadelSettings, source_passphrase
 from . import render
-from .opening import Refused, warnings_printed
+from .opening import Refused, open_store, warnings_printed
 
 # What only an import of a 2.x file takes: given any, the source must be one.
 ORIGINAL_OPTIONS = ("source_key_file", "source_region", "dry_run", "erase_source")
@@ -28,8 +34,23 @@ def wants_original(args: argparse.Namespace) -> bool:
     return any(getattr(args, name) not in (None, False) for name in ORIGINAL_OPTIONS)
 
 
-def import_2x(args: argparse.Namespace, store: CitadelSessionStore) -> int:
-    """Import the 2.x file `args.source` into `store`, and print what came over (or would)."""
+def dry_run(args: argparse.Namespace, settings: CitadelSettings) -> int:
+    """`import OLD.cdl --dry-run`: planned against the target if it exists, else against nothing."""
+    try:
+        store = open_store(args, settings)
+    except DatabaseNotFoundError as exc:
+        if not exc.creation_refused:
+            raise
+        return import_2x(args, None, f"{settings.path} (not made yet: nothing is held there)")
+    with store:
+        return import_2x(args, store)
+
+
+def import_2x(args: argparse.Namespace, store: CitadelSessionStore | None, target: str = "") -> int:
+    """Import the 2.x file `args.source` into `store`, and print what came over (or would).
+
+    `store` is None in a dry run against a target not made yet, which `target` describes.
+    """
     if args.owner is not None or args.session_id is not None:
         raise Refused(
             "--owner and --session-id apply to SDK files and JSON Lines; a 2.x file is imported "
@@ -58,10 +79,11 @@ def import_2x(args: argparse.Namespace, store: CitadelSessionStore) -> int:
     if wrong is not None:
         raise wrong from None
     at = datetime.now(timezone.utc)
+    target = target if store is None else store.path
     if args.json:
-        render.print_json({**dataclasses.asdict(report), "database": store.path, "at": render.utc(at)})
+        render.print_json({**dataclasses.asdict(report), "database": target, "at": render.utc(at)})
     else:
-        _print(store.path, report, at)
+        _print(target, report, at)
     return 0
 
 

@@ -24,7 +24,7 @@ from .files import named
 
 
 def import_original(
-    store: CitadelSessionStore,
+    store: CitadelSessionStore | None,
     source: str | os.PathLike[str],
     key: str,
     *,
@@ -42,6 +42,7 @@ def import_original(
     indexes them. The source is not written, save the audit entry Citadel appends on open.
 
     Args:
+        store: The store; None only with `dry_run`, to plan against a file not made yet.
         key: The source file's passphrase (it may differ from the store's).
         region: The region to import; found by itself when the file has one.
         mode: As `CitadelSessionStore.import_items`; with "new", every session is checked
@@ -60,19 +61,25 @@ def import_original(
         SessionNotEmptyError: mode "new" and sessions hold other items (each is named;
             nothing was written).
     """
-    if mode not in IMPORT_MODES:
-        raise ValueError(f"mode must be one of {', '.join(IMPORT_MODES)}, not {mode!r}")
+    _check_arguments(store, mode, dry_run)
     try:
         path = _source_path(store, source)
         report, sessions = _read(path, key, region)
         report = _imported(store, report, sessions, mode, dry_run, progress)
-        if erase_source and not dry_run:
+        if erase_source and store is not None and not dry_run:
             _check_read_back(store, sessions)
             erasure = inspect_file(path, key, lambda db, at: erase_region(db, at, report.region))
             report = replace(report, source_erasure=erasure)
         return report
     finally:
         del key  # a failed frame's locals are recorded by error trackers
+
+
+def _check_arguments(store: CitadelSessionStore | None, mode: str, dry_run: bool) -> None:
+    if mode not in IMPORT_MODES:
+        raise ValueError(f"mode must be one of {', '.join(IMPORT_MODES)}, not {mode!r}")
+    if store is None and not dry_run:
+        raise ValueError("store=None plans against an empty store: it needs dry_run=True")
 
 
 def _read(path: str, key: str, region: str | None) -> tuple[OriginalImportReport, list[OriginalSession]]:
@@ -88,7 +95,7 @@ def _read(path: str, key: str, region: str | None) -> tuple[OriginalImportReport
     raise wrong from None
 
 
-def _source_path(store: CitadelSessionStore, source: str | os.PathLike[str]) -> str:
+def _source_path(store: CitadelSessionStore | None, source: str | os.PathLike[str]) -> str:
     path = resolve_path(source)
     if not os.path.isfile(path):
         raise ImportSourceError(f"there is no file {path} to import; nothing was imported.")
@@ -97,7 +104,7 @@ def _source_path(store: CitadelSessionStore, source: str | os.PathLike[str]) -> 
             f"{path} is not a Citadel file; nothing was imported. `import` takes a file of "
             "citadeldb-openai-agents 2.x, an Agents SDK session file, or an export's JSON Lines."
         )
-    if path == resolve_path(store.path):
+    if store is not None and path == resolve_path(store.path):
         raise ImportSourceError(
             f"{path} is the file being imported into; nothing was imported. Configure a new "
             "file (CITADEL_PATH, --create) and import the 2.x file into it."
@@ -106,7 +113,7 @@ def _source_path(store: CitadelSessionStore, source: str | os.PathLike[str]) -> 
 
 
 def _imported(
-    store: CitadelSessionStore,
+    store: CitadelSessionStore | None,
     report: OriginalImportReport,
     sessions: list[OriginalSession],
     mode: ImportMode,
@@ -116,7 +123,7 @@ def _imported(
     """Plan every session; then, unless a dry run or a refusal, import each in turn."""
     planned, refused = [], []
     for session in sessions:
-        held = as_stored(store.export(session.session_id)) if store.summary(session.session_id) else []
+        held = _held(store, session.session_id)
         chosen = plan(held, as_stored(session.items), mode, CHUNK, session.expires_at)
         if chosen.refused:
             refused.append(session.session_id)
@@ -130,6 +137,7 @@ def _imported(
         return OriginalImportReport(
             **{**report.__dict__, "sessions": planned, "dry_run": True, "refused": refused}
         )
+    assert store is not None  # import_original refuses None unless dry_run
     if refused:
         raise SessionNotEmptyError(
             f"{named(refused)} in {store.path} already hold{'s' * (len(refused) == 1)} other items than "
@@ -154,7 +162,7 @@ def _check_read_back(store: CitadelSessionStore, sessions: list[OriginalSession]
     """Every session ends with the items read from the source, before the source is erased."""
     short = []
     for session in sessions:
-        held = as_stored(store.export(session.session_id)) if store.summary(session.session_id) else []
+        held = _held(store, session.session_id)
         incoming = as_stored(session.items)
         if held[len(held) - len(incoming) :] != incoming:
             short.append(session.session_id)
@@ -163,6 +171,13 @@ def _check_read_back(store: CitadelSessionStore, sessions: list[OriginalSession]
             f"{named(short)} did not read back from {store.path} as imported, so the source was not "
             "erased. Run `verify`, then the import again."
         )
+
+
+def _held(store: CitadelSessionStore | None, session_id: str) -> list[str]:
+    """The session's items in the store, as stored (none in a store to be made)."""
+    if store is None or not store.summary(session_id):
+        return []
+    return as_stored(store.export(session_id))
 
 
 def _offset(progress: Progress, before: int, total: int) -> Progress:

@@ -3,6 +3,8 @@
     python tests/legacy_files/make.py              # rewrite the committed files and manifest
     python tests/legacy_files/make.py --check      # write them anew elsewhere; compare manifests
 
+benchmarks/import_speed.py --original calls `generate_sized` for a larger file of the same kind.
+
 The original package has this project's distribution name, so it runs from a virtual
 environment of its own (the one benchmarks/sessions.py builds, with citadeldb 2.7.* pinned
 too): this script, run by our interpreter, re-runs itself there with ``--write DIR``.
@@ -123,6 +125,20 @@ async def write_custom(path: str, embedders: dict[str, Any]) -> None:
         store.close()
 
 
+async def write_sized(path: str, sessions: int, items: int) -> None:
+    """`sessions` sessions of `items` items each, region ``sessions``, MockEmbedder(32), no TTL."""
+    import citadeldb
+
+    from citadeldb_openai_agents import CitadelSessionStore
+
+    store = CitadelSessionStore(path, KEY, embedder=citadeldb.MockEmbedder(dim=32))
+    for n in range(sessions):
+        session = store.session(f"user-{n}")
+        for start in range(0, items, 500):  # turns of 100 conversations' worth, as an agent writes
+            await session.add_items(conversation(f"s{n}t{start}", min(500, items - start) // 5))
+    store.close()
+
+
 def manifest_of(directory: Path) -> dict[str, Any]:
     """What each file holds, read back by the original package and by Citadel's maintenance handle."""
     import gc
@@ -214,7 +230,21 @@ def generate(directory: Path) -> None:
     )
 
 
+def generate_sized(path: Path, sessions: int, items: int) -> None:
+    """Write `write_sized`'s file at `path` with the original package (items: a multiple of 5)."""
+    python = original_python()
+    script = str(Path(__file__).resolve())
+    subprocess.run(
+        [str(python), script, "--write-sized", str(path), str(sessions), str(items)], check=True, cwd="/"
+    )
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--write-sized"]:
+        import asyncio
+
+        asyncio.run(write_sized(argv[1], int(argv[2]), int(argv[3])))
+        return 0
     if argv[:1] == ["--write"]:
         write(Path(argv[1]))
         return 0
