@@ -35,7 +35,7 @@ from ..errors import CorruptDatabaseError, DatabaseLockedError, DatabaseNotFound
 from ..options import StoreOptions
 from ..results import RepairReport, SessionLoss
 from . import branches, data_owners, registry
-from .audit import AuditVerdict, SessionCount, audit, inventory_of
+from .audit import AuditVerdict, SessionCount, audit, inventory_of, refuse_original_layout
 from .engine import database_options
 from .files import database_files, resolve_path
 from .local_file import LocalFile
@@ -77,7 +77,7 @@ def repair(
     copy = os.path.join(work, os.path.basename(target))
     try:
         copy_files(target, copy)
-        verdict = _clean(copy, keys[0], embedder, options)
+        verdict = _clean(copy, target, keys[0], embedder, options)
         if verdict.ok:
             return RepairReport(target, False, [], None, "")
         lost = _losses(verdict)
@@ -112,14 +112,17 @@ def _check_target(target: str) -> None:
         )
 
 
-def _clean(copy: str, key: str, embedder: Embedder, options: StoreOptions) -> AuditVerdict:
+def _clean(copy: str, target: str, key: str, embedder: Embedder, options: StoreOptions) -> AuditVerdict:
     """Open the copy with its damage counted, not refused (its unreadable rows go), then drop the
-    segments no record can claim or whose key is lost; the audit's verdict, from before."""
+    segments no record can claim or whose key is lost; the audit's verdict, from before. A file
+    of the original package (no layout record, but whole) is refused by name: it is imported."""
     found: list[tuple[AuditVerdict, set[str]]] = []
 
     def counted(db: Any, path: str) -> AuditVerdict:
         inventory = inventory_of(db, path)
         verdict = audit(inventory)
+        if verdict.layout_format is None and verdict.file:
+            refuse_original_layout(db, target)
         if verdict.file:
             raise CorruptDatabaseError(
                 f"{path} cannot be repaired: {'; '.join(verdict.file)}. Nothing was changed: restore the file "
