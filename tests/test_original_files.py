@@ -131,7 +131,10 @@ def test_the_cli_and_check_report_an_original_file_with_the_command(
         code, out, err = run_here(
             capsys, monkeypatch, path, *command, CITADEL_KEY=SOURCE_KEY, CITADEL_NEW_KEY="a new key 0f3a"
         )
-        assert code == 1 and "written by citadeldb-openai-agents 2.x: region 'sessions'" in err, (command, err)
+        assert code == 1 and "written by citadeldb-openai-agents 2.x: region 'sessions'" in err, (
+            command,
+            err,
+        )
         assert "damaged" not in err and "backup" not in err.replace("--source-key", ""), (command, err)
     assert sorted(p.name for p in path.parent.iterdir()) == sorted(p.name for p in FIXTURES.glob("*.cdl*"))
     assert digests(path) == before
