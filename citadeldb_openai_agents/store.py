@@ -337,6 +337,15 @@ class FileStore(OriginalStoreApi):
         finally:
             keys.clear()
 
+    def follow_rotation(
+        self, reread: Callable[[], str | None] | None, source: str = "the key= argument"
+    ) -> None:
+        """How this store follows a `rotate_key` another process makes while it runs: `reread`
+        returns the passphrase read again from its source (a key file, a secret manager), and is
+        called once the owner refuses the old one, until it gives another (60 s). Without it,
+        the store raises `WrongPassphraseError` naming the rotation. `from_config` sets it."""
+        self._file.follow_rotation(reread, source)
+
     def backup(self, destination: str | os.PathLike[str], *, progress: Progress | None = None) -> list[str]:
         """Write a consistent copy of the file and its companions; return their paths. Refuses a
         destination that exists. Later erasures reach it through `erasure_ledger` and `restore_backup`."""

@@ -215,8 +215,8 @@ async def test_the_owners_errors_reach_the_client_unchanged(service: Service, db
             client.export("nobody")
         with pytest.raises(InvalidItemError, match="item 1 of the batch"):
             await client.session("s").add_items([{"ok": 1}, {"bad": {1, 2}}])
-        with pytest.raises(StorageError, match="Stop the service first"):
-            client.rotate_key(KEY, "a new passphrase")
+        with pytest.raises(WrongPassphraseError, match=r"current passphrase given for .* is wrong; nothing"):
+            client.rotate_key("not the passphrase", "a new passphrase")
 
 
 # Opens the file at the given time, says who serves it, keeps it until told (stdin closed).

@@ -45,8 +45,9 @@ LONGER = {
     # class that makes sessions.
     "citadeldb_openai_agents.session": 530,
     # The store's file-wide public methods (listing, erasing a session or a person, import,
-    # export, move, backup), each its arguments checked and one operation called.
-    "citadeldb_openai_agents.store": 530,
+    # export, move, backup, a key rotation and how it is followed), each its arguments checked
+    # and one operation called.
+    "citadeldb_openai_agents.store": 545,
     # A file open here: the file-wide operations (listings by owner, purge, verify, backup,
     # a person's erasure noted) beside the one path every session's operation takes.
     "citadeldb_openai_agents.storage.local_file": 460,

@@ -184,7 +184,9 @@ def rotate_key(args: argparse.Namespace) -> int:
     print(
         "next: the configuration still gives the old passphrase "
         f"({settings.provenance('key').origin});\n"
-        "      put the new one there before the service restarts."
+        "      put the new one there now: the processes on the file read it again from a key file, a\n"
+        "      secrets directory or key_command and carry on; one given it by CITADEL_KEY or key= must be\n"
+        "      restarted with it."
     )
     print("note: backups made before now open with the old passphrase only.")
     return 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
@@ -29,6 +30,7 @@ from ..options import FIXED_PER_FILE, StoreOptions
 from ..results import IntegrityReport, Progress, ReembedSummary, RepairReport, RestoreReport
 from ..session import CitadelSessionStore
 from ..storage.files import resolve_path
+from .keyfile import read_key_file
 from .model import CitadelSettings
 from .provenance import DEFAULT, KEY_FILE, SECRETS_DIRECTORY, passphrase_source
 
@@ -253,7 +255,7 @@ def open_store(
         # Every open, not only a creation: another process of the deployment may use another file.
         warnings.warn(relative_path_warning(settings), ConfigurationWarning, stacklevel=3)
     try:
-        return CitadelSessionStore(
+        store = CitadelSessionStore(
             settings.path,
             settings.key.get_secret_value(),
             embedder=embedder,
@@ -269,6 +271,8 @@ def open_store(
             # Every field of the store's options value, by its name in the settings.
             **{option.name: getattr(settings, option.name) for option in fields(StoreOptions)},
         )
+        store.follow_rotation(*_rotation_source(settings))
+        return store
     except WrongPassphraseError as exc:
         wrong = _told_for(settings, exc)  # raised outside the handler: no frame of the store's below
     except DatabaseNotFoundError as exc:
@@ -276,6 +280,16 @@ def open_store(
             raise
         raise no_database(settings, existing_only=existing_only) from None
     raise wrong from None
+
+
+def _rotation_source(settings: CitadelSettings) -> tuple[Callable[[], str | None] | None, str]:
+    """How the store reads its passphrase again after a rotation elsewhere: from a key file, yes;
+    from the environment or an argument, which cannot change under a running process, no."""
+    origin = settings.provenance("key").origin
+    source = passphrase_source(origin, settings.provenance("key_file").origin)
+    if origin.kind not in (KEY_FILE, SECRETS_DIRECTORY):
+        return None, source
+    return (lambda: read_key_file(origin.detail)), source
 
 
 def _told_for(settings: CitadelSettings, exc: WrongPassphraseError) -> WrongPassphraseError:

@@ -299,6 +299,15 @@ class SocketKey:
         """Derive the key now if it is not yet (each later use then costs nothing)."""
         self._bytes()
 
+    def rotated(self, passphrase: bytes) -> None:
+        """Derive from `passphrase` from now on (a key rotation): the buffer the store shares is
+        replaced in place, and the key zeroed, derived anew at the next handshake. Connections
+        already authenticated keep their own keys: a rotation drops none of them."""
+        with self._lock:
+            self._passphrase.replace(passphrase)
+            self._key.wipe()
+            self._key = Secret(b"")
+
     def forget(self) -> None:
         """Zero the key (the store closed, or its passphrase changed: derived anew when next needed)."""
         with self._lock:

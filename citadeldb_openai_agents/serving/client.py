@@ -142,7 +142,9 @@ class RemoteOwner:
             reply = channel.receive(deadline)
         except ProofRefused:
             channel.close()
-            raise self._proof_refused(pid) from None
+            refused = self._proof_refused(pid)
+            refused.at_handshake = True  # type: ignore[attr-defined]  # the owner's key, not an operation's
+            raise refused from None
         except BaseException as exc:
             channel.close()
             raise self._refusal(exc) from None

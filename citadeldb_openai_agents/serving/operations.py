@@ -410,6 +410,10 @@ BACKUP = Operation[list[str]](
     "backup", LocalFile.backup, (S,), ITEMS, resend=False, reports=True, session=False
 )
 
+# Both passphrases cross the sealed channel; the owner then derives its socket's key anew
+# (server.py). Not sent again: whether the file took the new passphrase is then unknown.
+ROTATE_KEY = Operation[None]("rotate_key", LocalFile.rotate_key, (S, S), nothing, resend=False, session=False)
+
 OPERATIONS: dict[str, Operation[Any]] = {
     operation.name: operation
     for operation in (
@@ -445,5 +449,6 @@ OPERATIONS: dict[str, Operation[Any]] = {
         LEDGER_HEAD,
         VERIFY,
         BACKUP,
+        ROTATE_KEY,
     )
 }

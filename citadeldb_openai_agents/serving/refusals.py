@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import ConfigurationError, DatabaseLockedError
+from ..errors import ConfigurationError, DatabaseLockedError, WrongPassphraseError
 from . import orphans
 
 
@@ -63,4 +63,24 @@ def settings_differ(problems: list[str], owner: int, path: str) -> Configuration
             "(from_config then adopts the owner's; the store's adopt= argument does the same)"
             for problem in problems
         ]
+    )
+
+
+# How long a client waits, after the owner refused its passphrase, for its source (a key file,
+# a key command) to give the new one: the operator's step between rotate-key and updating it.
+ROTATION_SECONDS = 60.0
+
+
+def rotated_elsewhere(path: str, source: str, waited: float | None = None) -> WrongPassphraseError:
+    """The file's passphrase was changed (rotate-key) after this process read its own."""
+    if waited is None:
+        return WrongPassphraseError(
+            f"the passphrase of {path} was changed (rotate-key) after this process read it from "
+            f"{source}, which cannot be read again: restart this process with the new passphrase "
+            "(with key_file or key_command, a process reads it again by itself after a rotation)."
+        )
+    return WrongPassphraseError(
+        f"the passphrase of {path} was changed (rotate-key), and {source} still gives the old one "
+        f"after {waited:g} s: write the new passphrase there, as rotate-key's next step says; this "
+        "process carries on once it can read it."
     )

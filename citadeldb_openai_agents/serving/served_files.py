@@ -92,6 +92,14 @@ def restart_serving(path: str, local: LocalFile, key: SocketKey, terms: StoreOpt
         _served[path] = (Server(local, socket_path(path), key, terms=terms), users)
 
 
+def rotated(path: str, passphrase: bytes) -> None:
+    """This process's server of `path` proves the new passphrase from now on (its clients stay)."""
+    with _lock:
+        served = _served.get(path)
+    if served is not None:
+        served[0].rotated(passphrase)
+
+
 def serves(path: str) -> bool:
     """Whether this process serves the file (or, in a forked child, its parent did)."""
     with _lock:

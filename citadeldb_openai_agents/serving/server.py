@@ -28,7 +28,7 @@ from ..storage.process_state import SERVERS, at_fork, current_pid
 from .address import SocketKey, remove_stale_sockets
 from .channel import Channel
 from .handshake import ProofRefused, VersionRefused, owner_side, peer_process
-from .operations import OPERATIONS, ProtocolError
+from .operations import OPERATIONS, ROTATE_KEY, ProtocolError
 from .orphans import watch_parent
 from .protocol import (
     CLIENT_HELLO,
@@ -108,6 +108,10 @@ class Server:
         for descriptor in (self._wake_read, self._wake_write):
             with contextlib.suppress(OSError):
                 os.close(descriptor)
+
+    def rotated(self, passphrase: bytes) -> None:
+        """The file's passphrase changed in this process: new handshakes prove the new one."""
+        self._key.rotated(passphrase)
 
     def _accept(self) -> None:
         pause = 0.0  # back-off while accepting fails (out of descriptors)
@@ -234,11 +238,15 @@ class Server:
                 self._busy[channel] = time.monotonic()
             try:
                 result = run_here(self._file, operation, args, progress, note)
+                if operation is ROTATE_KEY:  # new handshakes prove the new passphrase; these connections stay
+                    self._key.rotated(args[1].encode("utf-8", "surrogatepass"))
             except Exception as exc:
                 reply = error_to_wire(exc)
             else:
                 reply = ["ok", operation.to_wire(result)]
             finally:
+                if operation is ROTATE_KEY:
+                    message, args = None, ()  # the passphrases: no frame keeps them
                 with self._lock:
                     self._busy.pop(channel, None)
             channel.send(reply)

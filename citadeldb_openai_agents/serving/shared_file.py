@@ -24,10 +24,11 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..embedders.protocol import Embedder, EmbedderIdentity
-from ..errors import SessionClosedError, StorageError
+from ..errors import SessionClosedError, StorageError, WrongPassphraseError
 from ..options import StoreOptions
 from ..results import Progress
 from ..shards import Ring, RingFile
@@ -42,6 +43,7 @@ from .address import Secret, SocketKey
 from .handover import HANDOVER_SECONDS, Opening, attach
 from .modes import KeepToSelf, Mode, ServeToOthers
 from .operations import Operation
+from .refusals import ROTATION_SECONDS, rotated_elsewhere
 from .transport import LocalTransport, OwnerGone, Transport
 
 if TYPE_CHECKING:
@@ -74,6 +76,10 @@ class SharedFile:
         self._lock = threading.Lock()
         self._ring = ring
         self._released = False
+        self._rotation = threading.Lock()
+        self._generation = 0  # passphrases this store has taken since it opened
+        self._reread: Callable[[], str | None] | None = None
+        self._key_source = "the key= argument"
         self._transport: Transport | None = None
         try:
             self._transport = attach(self._opening, self._mode, time.monotonic() + HANDOVER_SECONDS)
@@ -190,34 +196,32 @@ class SharedFile:
         return self._call(ops.BACKUP, os.path.abspath(os.fspath(destination)), progress=progress)
 
     def rotate_key(self, current_key: str, new_key: str) -> None:
+        """Change the passphrase where the file is, served or not (see `follow_rotation`).
+
+        The owner rotates the file between two writes (`engine.alone`), then proves the new
+        passphrase at every new handshake; connections already made keep working. Its clients
+        learn it when the owner refuses their old one, and read their source again.
+        """
         keys = [current_key, new_key]
         del current_key, new_key
         try:
             self.check_process()
-            transport = self._transport
-            if not isinstance(transport, LocalTransport):
-                owner = "another process" if transport is None else f"process {transport.owner_pid}"
-                raise StorageError(
-                    f"cannot change the passphrase of {self.path} while {owner} holds "
-                    "it and serves it to this one: every process on the file would be left with the old one. "
-                    "Stop the service first, then run rotate-key."
-                )
-            clients = served_files.clients_of(self.path)
-            if clients:
-                raise StorageError(
-                    f"cannot change the passphrase of {self.path} while {clients} other process"
-                    f"{'es use' if clients > 1 else ' uses'} it through this one: they would be left with the "
-                    "old one. Stop them first, then run rotate-key."
-                )
-            transport.local.rotate_key(*keys)
-            self._opening.passphrase.replace(keys[1].encode("utf-8", "surrogatepass"))
-            self._socket_key.forget()  # derived anew from the new passphrase when next needed
-            if isinstance(self._mode, ServeToOthers):
-                served_files.restart_serving(
-                    self.path, transport.local, self._socket_key, self._opening.options
-                )
+            failed = _without_frames(lambda: self._call(ops.ROTATE_KEY, *keys))
+            if failed is not None:
+                raise failed from None
+            with self._rotation:
+                if isinstance(self._transport, LocalTransport):  # its server: new handshakes, new key
+                    served_files.rotated(self.path, keys[1].encode("utf-8", "surrogatepass"))
+                self._socket_key.rotated(keys[1].encode("utf-8", "surrogatepass"))  # for a takeover
+                self._generation += 1
         finally:
             keys.clear()
+
+    def follow_rotation(self, reread: Callable[[], str | None] | None, source: str) -> None:
+        """How this store follows a rotation made by another process: `reread` reads its passphrase
+        again from where it came from (a key file, a key command), or None where it cannot be
+        (the environment, an argument); `source` names it in the errors."""
+        self._reread, self._key_source = reread, source
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -252,10 +256,14 @@ class SharedFile:
             if deadline is not None:  # a retry; the public call checked for a fork before the first
                 self.check_process()
             transport = self._transport
+            generation = self._generation
             try:
                 if transport is None:
                     raise OwnerGone("not connected")
                 return transport.call(operation, call_args, progress, note)
+            except WrongPassphraseError as refused:
+                self._after_refusal(refused, generation)  # at a new connection: nothing was sent
+                deadline = deadline or time.monotonic() + HANDOVER_SECONDS
             except OwnerGone:
                 if not operation.resend:
                     raise StorageError(
@@ -269,14 +277,18 @@ class SharedFile:
                     # Counted from this call's first failure, not once it gets the lock: calls queued
                     # behind another's handover that found no owner must not each wait anew.
                     deadline = time.monotonic() + HANDOVER_SECONDS
-                with self._lock:
-                    if self._transport is transport:
-                        self._transport = None
-                        if transport is not None:
-                            transport.close()
-                        self._transport = self._attach(deadline)
+                self._replace(transport, deadline)
                 if noted:
                     raise _GoneAfterNote() from None
+
+    def _replace(self, transport: Transport | None, deadline: float) -> None:
+        """Attach again in place of `transport`, unless another call of this store did already."""
+        with self._lock:
+            if self._transport is transport:
+                self._transport = None
+                if transport is not None:
+                    transport.close()
+                self._transport = self._attach(deadline)
 
     def _dropped_again(
         self, operation: Operation[Any], transport: Transport | None, before: int | None
@@ -298,13 +310,68 @@ class SharedFile:
         return pid
 
     def _attach(self, deadline: float) -> Transport:
-        if self._released:
-            raise SessionClosedError(f"the store for {self.path} is closed")
-        return attach(self._opening, self._mode, deadline)
+        """Attach again (this store was attached before): a passphrase refused now was rotated."""
+        while True:
+            if self._released:
+                raise SessionClosedError(f"the store for {self.path} is closed")
+            generation = self._generation
+            try:
+                return attach(self._opening, self._mode, deadline)
+            except WrongPassphraseError:
+                self._take_rotated(generation)
+
+    def _after_refusal(self, refused: WrongPassphraseError, generation: int) -> None:
+        """The owner refused this store's passphrase at a handshake: follow the rotation. Any other
+        refusal is the operation's own (a backup's passphrase), raised as it is."""
+        if not getattr(refused, "at_handshake", False):
+            raise refused
+        self._take_rotated(generation)
+
+    def _take_rotated(self, generation: int) -> None:
+        """The owner, or the file, refuses the passphrase that opened it: it was rotated. Read it
+        again from its source until that gives another one (ROTATION_SECONDS), or raise saying so."""
+        with self._rotation:
+            if self._generation != generation:
+                return  # another thread of this process took the new one meanwhile
+            if self._reread is None:
+                raise rotated_elsewhere(self.path, self._key_source) from None
+            waited_until = time.monotonic() + ROTATION_SECONDS
+            pause = 0.05
+            while time.monotonic() < waited_until:
+                found = self._read_again()
+                if found is not None:
+                    self._socket_key.rotated(found)
+                    self._generation += 1
+                    return
+                time.sleep(pause)
+                pause = min(1.0, pause * 2)
+            raise rotated_elsewhere(self.path, self._key_source, ROTATION_SECONDS) from None
+
+    def _read_again(self) -> bytes | None:
+        """The passphrase its source gives now, if it is not the one that was refused."""
+        assert self._reread is not None
+        try:
+            given = self._reread()
+        except ValueError:  # the source cannot be read right now (a command failing): try again
+            return None
+        found = None if given is None else given.encode("utf-8", "surrogatepass")
+        del given
+        return None if found is None or found == self._opening.passphrase.value else found
 
     def _forget_secrets(self) -> None:
         self._opening.passphrase.wipe()
         self._socket_key.forget()
+
+
+def _without_frames(run: Callable[[], object]) -> BaseException | None:
+    """What `run` raised, stripped of its frames, which hold the passphrases it was given (error
+    trackers record every frame's locals); None when it returned."""
+    try:
+        run()
+    except Exception as exc:
+        exc.__traceback__, exc.__context__ = None, None
+        return exc
+    return None
 
 
 class _GoneAfterNote(Exception):

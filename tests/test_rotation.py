@@ -1,0 +1,185 @@
+"""`rotate-key` on a file that is being served, under load: no request fails, no turn is lost.
+
+Real processes on one file: an owner, three clients writing turns as fast as they can (their
+passphrase from a key file), one client whose passphrase came from CITADEL_KEY. The key is
+rotated twice with the command while they write, each time followed by the operator's next
+step (the new passphrase written into the key file). After the second rotation the owner is
+SIGKILLed before that step, so every client must wait for its key file to give the new
+passphrase, then open the file or prove itself to the next owner with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from citadeldb_openai_agents import CitadelSessionStore, WrongPassphraseError
+
+KEYS = ["rotation passphrase zero 0a1b", "rotation passphrase one 2c3d", "rotation passphrase two 4e5f"]
+TURN = 2  # items per turn
+
+# A process that writes turns to its own session until STOP exists; prints what it did, as JSON.
+WRITER = textwrap.dedent(
+    """
+    import asyncio, json, os, sys, time
+    from citadeldb_openai_agents import from_config
+
+    name, stop = sys.argv[1], sys.argv[2]
+    store = from_config()
+    session = store.session(name)
+    done, stamps, error = 0, [], None
+
+    async def main():
+        global done, error
+        while not os.path.exists(stop):
+            turn = [{"role": "user", "content": f"{name} turn {done}"},
+                    {"role": "assistant", "content": f"{name} reply {done}"}]
+            try:
+                await session.add_items(turn)
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                return
+            done += 1
+            stamps.append(time.monotonic())
+            await asyncio.sleep(0.005)
+
+    print("ready", store.served_by or "owner", flush=True)
+    asyncio.run(main())
+    print(json.dumps({"turns": done, "error": error, "stamps": stamps}), flush=True)
+    """
+)
+# The first process: it owns the file and serves it until it is killed.
+OWNER = textwrap.dedent(
+    """
+    import sys, time
+    from citadeldb_openai_agents import from_config
+    store = from_config()
+    print("ready", flush=True)
+    sys.stdin.read()
+    """
+)
+
+
+def start(script: str, *args: str, env: dict[str, str], cwd: Path) -> subprocess.Popen[str]:
+    process = subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    assert line.startswith("ready"), (line, process.stderr.read() if process.stderr else "")
+    return process
+
+
+def rotate(directory: Path, new: str, env: dict[str, str]) -> tuple[float, float]:
+    """`rotate-key` as an operator runs it, the new passphrase from a file; when it ran."""
+    (directory / "new.key").write_text(new + "\n")
+    started = time.monotonic()
+    rotated = subprocess.run(
+        [sys.executable, "-m", "citadeldb_openai_agents", "rotate-key", "--new-key-file", "new.key"],
+        env=env,
+        cwd=directory,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert rotated.returncode == 0, rotated.stderr
+    assert "passphrase changed and verified" in rotated.stdout
+    return started, time.monotonic()
+
+
+def write_key(path: Path, key: str) -> None:
+    """The operator's step after rotate-key: the new passphrase into the key file, atomically."""
+    fresh = path.with_suffix(".new")
+    fresh.write_text(key + "\n")
+    fresh.chmod(0o600)
+    os.replace(fresh, path)
+
+
+def test_rotate_key_twice_under_a_served_load_and_a_takeover_loses_nothing(
+    clean_environment: None, tmp_path: Path
+) -> None:
+    (tmp_path / "citadel.toml").write_text(
+        'path = "agent.cdl"\nkey_file = "citadel.key"\nargon2_profile = "iot"\n'
+    )
+    key_file = tmp_path / "citadel.key"
+    write_key(key_file, KEYS[0])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CITADEL_")}
+    owner = start(OWNER, env=env, cwd=tmp_path)
+    stop = tmp_path / "stop"
+    writers = [start(WRITER, f"load-{n}", str(stop), env=env, cwd=tmp_path) for n in range(3)]
+    # Its passphrase from the environment: it cannot read a new one by itself.
+    from_env = {**env, "CITADEL_KEY": KEYS[0], "CITADEL_PATH": str(tmp_path / "agent.cdl")}
+    env_writer = start(WRITER, "from-env", str(stop), env=from_env, cwd=tmp_path.parent)
+    windows: list[tuple[float, float]] = []
+    try:
+        for new in KEYS[1:]:
+            time.sleep(1.0)
+            windows.append(rotate(tmp_path, new, env))
+            # The owner no longer accepts the old passphrase from a new process.
+            with pytest.raises(WrongPassphraseError, match="does not accept it"):
+                CitadelSessionStore(tmp_path / "agent.cdl", KEYS[KEYS.index(new) - 1])
+            if new == KEYS[1]:
+                time.sleep(0.5)  # the window between the rotation and the operator's next step
+            else:
+                # The owner dies before the operator's step: the clients, whose key file still gives
+                # KEYS[1], keep reading it until it gives KEYS[2], then one takes the file over.
+                owner.send_signal(signal.SIGKILL)
+                owner.wait(timeout=30)
+                time.sleep(1.5)
+            write_key(key_file, new)
+        time.sleep(2.0)
+    finally:
+        stop.touch()
+        reports = [json.loads(w.communicate(timeout=120)[0].strip().splitlines()[-1]) for w in writers]
+        env_report = json.loads(env_writer.communicate(timeout=120)[0].strip().splitlines()[-1])
+        if owner.poll() is None:
+            owner.kill()
+    for report in reports:
+        assert report["error"] is None, report
+        assert report["turns"] > 20, report
+    # The environment's client wrote until the takeover, then was told why it cannot go on.
+    assert env_report["error"] is not None and env_report["error"].startswith("WrongPassphraseError")
+    assert "was changed (rotate-key)" in env_report["error"] and "CITADEL_KEY" in env_report["error"]
+    assert "restart this process with the new passphrase" in env_report["error"]
+    assert not any(key in env_report["error"] for key in KEYS)
+    for old in KEYS[:2]:
+        with pytest.raises(WrongPassphraseError):
+            CitadelSessionStore(tmp_path / "agent.cdl", old, serve=False)
+    with CitadelSessionStore(tmp_path / "agent.cdl", KEYS[2], serve=False) as store:
+        for n, report in enumerate(reports):
+            items = store.export(f"load-{n}")
+            assert len(items) == TURN * report["turns"], (n, report)  # every turn, once
+            assert items[-1]["content"] == f"load-{n} reply {report['turns'] - 1}"
+        assert len(store.export("from-env")) == TURN * env_report["turns"]
+    print(f"rotate-key (the whole command) took {', '.join(f'{b - a:.2f} s' for a, b in windows)}")
+    print(
+        f"longest pause between two turns of one writer, during a rotation: {pause(reports, windows):.3f} s"
+    )
+    print(
+        f"the same over the whole run: {pause(reports, [(0.0, float('inf'))]):.3f} s (the takeover included)"
+    )
+
+
+def pause(reports: list[dict[str, object]], windows: list[tuple[float, float]]) -> float:
+    """The longest time between two turns of one writer that overlaps one of `windows`."""
+    gaps = [
+        later - earlier
+        for report in reports
+        for earlier, later in zip(report["stamps"], report["stamps"][1:], strict=False)  # type: ignore[call-overload]
+        if any(earlier < end and later > start for start, end in windows)
+    ]
+    return max(gaps, default=0.0)
