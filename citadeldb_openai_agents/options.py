@@ -205,6 +205,9 @@ class StoreOptions:
     idle_ttl: float | None = None
     argon2_profile: Argon2Profile | None = None  # a new file's; an existing one keeps its own
     cache_size: int = DEFAULT_CACHE_PAGES
+    # This process's directory for the owner's socket (absolute; serving/directory.py), or None:
+    # the first private one found. Every process on one file needs the same.
+    socket_dir: str | None = None
 
     @classmethod
     def of(cls, **given: Any) -> StoreOptions:
@@ -282,7 +285,7 @@ UNSET_MEANS = {
     "idle_ttl": "never for idleness",
     "cache_size": f"{DEFAULT_CACHE_PAGES} pages",
 }
-DURATIONS = frozenset({"ttl", "idle_ttl"})
+DURATIONS = frozenset({"ttl", "idle_ttl", "key_command_timeout"})
 
 
 NEVER = -1  # a session's idle time of math.inf as its record and the wire hold it (JSON has no infinity)
@@ -333,4 +336,5 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "idle_ttl": check_idle_ttl,
     "argon2_profile": check_argon2_profile,
     "cache_size": check_cache_size,
+    "socket_dir": _absolute,
 }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 
 from citadeldb_openai_agents import CitadelSessionStore
+from citadeldb_openai_agents.config import forget_taken_variables
 from citadeldb_openai_agents.storage.memory_handle import MemoryHandle
 
 KEY = "correct horse battery staple"
@@ -40,11 +42,21 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 @pytest.fixture
 def clean_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No CITADEL_* variable and no ./citadel.toml leak in from the machine running the tests."""
+    """No CITADEL_* variable, no systemd credentials directory and no ./citadel.toml leak in from
+    the machine running the tests, nor a passphrase variable an earlier test's settings took."""
+    forget_taken_variables()
     for name in list(os.environ):
-        if name.upper().startswith("CITADEL_"):
+        if name.upper().startswith("CITADEL_") or name == "CREDENTIALS_DIRECTORY":
             monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture(autouse=True)
+def no_passphrase_kept_between_tests() -> Iterator[None]:
+    """The settings take CITADEL_KEY out of os.environ and keep it (config/taken.py): what one test
+    set must not configure the next one, whose monkeypatch no longer sets it."""
+    yield
+    forget_taken_variables()
 
 
 @pytest.fixture
@@ -131,3 +143,50 @@ def run_python(code: str, *args: str, timeout: float = 120) -> subprocess.Comple
         env=env,
         check=False,
     )
+
+
+@dataclass(frozen=True)
+class Nobody:
+    """How to run Python as `nobody` (another user than the tests'): its account, a system Python
+    it may run, and an environment that finds this checkout's packages."""
+
+    user: Any  # pwd.struct_passwd
+    python: str
+    env: dict[str, str]
+
+    def run(self, code: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [self.python, "-c", textwrap.dedent(code), *args],
+            env=self.env,
+            user=self.user.pw_uid,
+            group=self.user.pw_gid,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+
+@pytest.fixture
+def nobody() -> Nobody:
+    """Python as `nobody`, skipped with the reason where that cannot be (not root, no such Python)."""
+    import pwd  # POSIX only, as the tests that use it
+
+    import citadeldb
+
+    import citadeldb_openai_agents
+
+    if os.getuid() != 0:
+        pytest.skip("needs root to run a process as nobody")
+    user = pwd.getpwnam("nobody")
+    python = shutil.which("python3.11", path="/usr/bin:/usr/local/bin")
+    packages = Path(citadeldb.__file__).resolve().parent.parent
+    source = Path(citadeldb_openai_agents.__file__).resolve().parent.parent
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": os.pathsep.join([str(FAST_SOCKET_KDF), str(source), str(packages)]),
+        "TESTS_SOCKET_KDF": "fast",
+    }
+    runs = [python, "-c", "import citadeldb, citadeldb_openai_agents"] if python else None
+    if runs is None or subprocess.run(runs, env=env, user=user.pw_uid, group=user.pw_gid).returncode != 0:
+        pytest.skip("no Python 3.11 that nobody can run with this venv's packages (they must be readable)")
+    return Nobody(user, python or "", env)

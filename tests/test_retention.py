@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import json
 import math
+import re
 import textwrap
 import time
 from pathlib import Path
@@ -232,7 +233,8 @@ def test_the_settings_come_from_toml_or_variables_and_purge_prints_what_each_rul
         asyncio.run(store.session("alice").add_items(said("hello", "there")))
     assert main(["check", "--no-open"]) == 0
     shown = capsys.readouterr().out
-    assert "ttl_mode           session" in shown and "idle_ttl           30d" in shown
+    # A row per setting: its name, then its value (the columns are as wide as the longest name).
+    assert re.search(r"^  ttl_mode +session ", shown, re.M) and re.search(r"^  idle_ttl +30d ", shown, re.M)
     time.sleep(1.2)
     assert main(["purge"]) == 0
     printed = capsys.readouterr().out.splitlines()

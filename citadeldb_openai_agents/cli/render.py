@@ -78,6 +78,10 @@ def _print_settings(report: CheckReport) -> None:
         if row.overrides:
             source += f" (overrides {', '.join(str(origin) for origin in row.overrides)})"
         print(f"  {row.name:<{width}}  {value:<{value_width}}  {source}")
+    used, *overridden = report.passphrase_sources or [""]
+    if overridden:  # one source: its row says it all
+        print(f"passphrase sources:\n  used:        {used}")
+        print("\n".join(f"  overridden:  {source} (not read or run)" for source in overridden))
 
 
 def _value(report: CheckReport, name: str) -> Any:

@@ -1,12 +1,14 @@
 """`check`: the configuration loaded exactly as `from_config` loads it, reported, before a deploy.
 
-Every value with where it came from (the passphrase only as "set"), every problem
-found, and what opening the database found, without ever creating it.
+Every value with where it came from (the passphrase only as "set"), every source that
+names a passphrase (the one used first), every problem found, and what opening the
+database found, without ever creating it.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -61,6 +63,8 @@ class CheckReport:
     database: DatabaseReport | None = None
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # Every source naming a passphrase, in words: the first is used, the others are overridden.
+    passphrase_sources: list[str] = field(default_factory=list)
     # The settings alone are valid (all that --no-open checks); the database may still fail.
     configuration_ok: bool = False
 
@@ -87,6 +91,7 @@ class CheckReport:
             "database": None if self.database is None else asdict(self.database),
             "problems": list(self.problems),
             "warnings": list(self.warnings),
+            "passphrase_sources": list(self.passphrase_sources),
         }
 
 
@@ -131,6 +136,7 @@ def _checked_settings(config: ConfigSource, report: CheckReport) -> CitadelSetti
         SettingReport(name, _shown(settings, name), *_where(settings, name))
         for name in settings.setting_names()
     ]
+    report.passphrase_sources = settings.passphrase_sources()
     return settings
 
 
@@ -141,13 +147,16 @@ def _where(settings: CitadelSettings, name: str) -> tuple[Origin, tuple[Origin, 
 
 def _shown(settings: CitadelSettings, name: str) -> Any:
     if name == "key":
-        return "set"
+        ran = settings.key_command_seconds
+        return "set" if ran is None else f"set (command ran in {ran:.2f} s)"
     value: Any = settings
     for part in name.split("."):
         value = getattr(value, part)
     if name == "embedder.options":
         # Option values may be credentials (an API key); only their names are shown.
         return sorted(value)
+    if name == "key_command" and value is not None:
+        return shlex.join(value)  # as an operator types it
     if isinstance(value, os.PathLike):
         return os.fspath(value)
     return value

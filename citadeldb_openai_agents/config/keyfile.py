@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 
 from ..errors import ConfigurationWarning
+from .taken import take_variable
 
 
 def read_key_file(path: str | os.PathLike[str]) -> str:
@@ -39,11 +40,16 @@ def read_key_file(path: str | os.PathLike[str]) -> str:
     except UnicodeDecodeError:
         # The decoder's message quotes a byte of the secret, so it is not repeated.
         raise ValueError(f"the key file {path} is not UTF-8 text; write the passphrase as text") from None
-    passphrase = text[:-2] if text.endswith("\r\n") else text[:-1] if text.endswith("\n") else text
+    passphrase = without_one_newline(text)
     if not passphrase:
         raise ValueError(f"the key file {path} is empty; write the passphrase into it")
     _warn_if_shared(path)
     return passphrase
+
+
+def without_one_newline(text: str) -> str:
+    """`text` less one trailing newline (``\\n`` or ``\\r\\n``): what ``echo`` and editors add."""
+    return text[:-2] if text.endswith("\r\n") else text[:-1] if text.endswith("\n") else text
 
 
 def _warn_if_shared(path: Path) -> None:
@@ -91,7 +97,8 @@ def _passphrase_given(
 ) -> tuple[str, str] | None:
     if key_file is not None:
         return read_key_file(key_file), f"{flag} {os.fspath(key_file)}"
-    value, file = os.environ.get(variable), os.environ.get(file_variable)
+    # The value is taken out of the environment: no child process inherits it (taken.py).
+    value, file = take_variable(variable), os.environ.get(file_variable)
     if value is not None and file is not None:
         raise ValueError(
             f"the {whose} passphrase is set twice, by {variable} and by {file_variable}; unset one of them"

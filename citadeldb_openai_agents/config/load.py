@@ -30,9 +30,10 @@ from ..options import FIXED_PER_FILE, StoreOptions
 from ..results import IntegrityReport, Progress, ReembedSummary, RepairReport, RestoreReport
 from ..session import CitadelSessionStore
 from ..storage.files import resolve_path
+from .keycommand import run_key_command
 from .keyfile import read_key_file
 from .model import CitadelSettings
-from .provenance import DEFAULT, KEY_FILE, SECRETS_DIRECTORY, passphrase_source
+from .provenance import DEFAULT, FROM_FILES, KEY_COMMAND
 
 ConfigSource = str | os.PathLike[str] | CitadelSettings | None
 
@@ -282,20 +283,36 @@ def open_store(
     raise wrong from None
 
 
-def _rotation_source(settings: CitadelSettings) -> tuple[Callable[[], str | None] | None, str]:
-    """How the store reads its passphrase again after a rotation elsewhere: from a key file, yes;
-    from the environment or an argument, which cannot change under a running process, no."""
+def reread_passphrase(settings: CitadelSettings) -> str | None:
+    """The passphrase read again from the source `settings` took it from, as it is now (after
+    a key rotation): its key file, the secrets directory's or systemd's ``citadel_key``, or
+    ``key_command`` run again. None when it came from ``CITADEL_KEY`` or a ``key=`` argument,
+    which cannot change under a running process.
+
+    Raises `ValueError` naming the source, never the passphrase, when it cannot be read now
+    (a file gone or empty, a command failing).
+    """
     origin = settings.provenance("key").origin
-    source = passphrase_source(origin, settings.provenance("key_file").origin)
-    if origin.kind not in (KEY_FILE, SECRETS_DIRECTORY):
-        return None, source
-    return (lambda: read_key_file(origin.detail)), source
+    if origin.kind in FROM_FILES:
+        return read_key_file(origin.detail)
+    if origin.kind == KEY_COMMAND and settings.key_command is not None:
+        passphrase, _ = run_key_command(settings.key_command, settings.key_command_timeout)
+        return passphrase
+    return None
+
+
+def _rotation_source(settings: CitadelSettings) -> tuple[Callable[[], str | None] | None, str]:
+    """How the store reads its passphrase again after a rotation elsewhere: from a key file or a
+    command, yes; from the environment or an argument, which cannot change under a running
+    process, no."""
+    if settings.provenance("key").origin.kind not in (*FROM_FILES, KEY_COMMAND):
+        return None, settings.passphrase_source()
+    return (lambda: reread_passphrase(settings)), settings.passphrase_source()
 
 
 def _told_for(settings: CitadelSettings, exc: WrongPassphraseError) -> WrongPassphraseError:
     """A wrong passphrase told in the configuration's terms: where it came from, how a key file was read."""
-    source = passphrase_source(settings.provenance("key").origin, settings.provenance("key_file").origin)
-    return exc.came_from(source, _key_file_hint(settings))
+    return exc.came_from(settings.passphrase_source(), _key_file_hint(settings))
 
 
 def left_to_the_owner(settings: CitadelSettings) -> list[str]:
@@ -345,7 +362,7 @@ def _key_file_hint(settings: CitadelSettings) -> str:
     before the caller raises, so no traceback holds the passphrase it looks at.
     """
     origin = settings.provenance("key").origin
-    if origin.kind not in (KEY_FILE, SECRETS_DIRECTORY):
+    if origin.kind not in FROM_FILES:
         return ""
     passphrase = settings.key.get_secret_value()
     if not any(character.isspace() for character in passphrase):

@@ -5,11 +5,12 @@ precedence order (`CitadelSettings.settings_customise_sources`), then the
 validation that turns every deploy mistake found into one `ConfigurationError`.
 
 Precedence, highest first: arguments; ``CITADEL_*`` environment variables; the
-secrets directory; the TOML file; defaults. The passphrase is one setting with
-two spellings, ``key`` (the value) and ``key_file`` (a file holding it): the
-source that names either decides it, and a key file therefore ranks with the
-source that names the file (``CITADEL_KEY_FILE`` ranks as an environment
-variable, ``key_file = ...`` in the TOML file as the TOML file).
+secrets directory, then systemd's credentials directory; the TOML file; defaults. The
+passphrase is one setting with three spellings, ``key`` (the value), ``key_file`` (a
+file holding it) and ``key_command`` (a command printing it): the source that names
+one decides it, and a key file or command therefore ranks with the source that names
+it (``CITADEL_KEY_FILE`` ranks as an environment variable, ``key_file = ...`` in the
+TOML file as the TOML file).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -35,6 +37,7 @@ from ..errors import ConfigurationError, InvalidOwnerError
 from ..options import parse_duration
 from ..people import check_owner_pattern
 from ..shards import Ring, RingFile, check_shards
+from .keycommand import DEFAULT_TIMEOUT, command_argv
 from .names import (
     ENV_PREFIX,
     OPTION_VARIABLES,
@@ -43,8 +46,24 @@ from .names import (
     nested_model,
     setting_fields,
 )
-from .provenance import ARGUMENT, DEFAULT, LoadState, Origin, Provenance, current_load
-from .sources import EnvironmentSource, Layer, SecretsDirectorySource, TomlFileSource, first_set
+from .provenance import (
+    ARGUMENT,
+    DEFAULT,
+    LoadState,
+    Origin,
+    Provenance,
+    current_load,
+    described,
+    passphrase_source,
+)
+from .sources import (
+    CredentialsDirectorySource,
+    EnvironmentSource,
+    Layer,
+    SecretsDirectorySource,
+    TomlFileSource,
+    first_set,
+)
 
 
 class EmbedderSettings(BaseModel):
@@ -110,6 +129,17 @@ class CitadelSettings(BaseSettings):
     key_file: Path | None = Field(
         None, description="a file holding the passphrase (one trailing newline is stripped)"
     )
+    # Operators keep keys in Vault, a cloud secret manager, 1Password, pass, systemd-creds.
+    key_command: list[str] | None = Field(
+        None,
+        description="a command that prints the passphrase (its output less one trailing newline), "
+        "run without a shell: a TOML list of strings; CITADEL_KEY_COMMAND takes a JSON list, or a "
+        "string split into words as a shell would split it",
+    )
+    key_command_timeout: float = Field(
+        DEFAULT_TIMEOUT,
+        description="how long key_command may run before it is stopped: seconds or 10s, 1m (default 10s)",
+    )
     secrets_dir: Path | None = Field(
         None,
         description="a directory of secret files, as Docker and Kubernetes mount them; "
@@ -165,6 +195,11 @@ class CitadelSettings(BaseSettings):
         description="serve the file to the other processes that open it (they become clients of "
         "the first); false keeps it to one process (another gets DatabaseLockedError)",
     )
+    socket_dir: Path | None = Field(
+        None,
+        description="the directory for the socket that serves the file, this user's with mode 700 "
+        "(a systemd RuntimeDirectory=); unset: the first private one found",
+    )
 
     # Several machines: each shard a file of its own, each session on the one shard_for names.
     shards: list[str] | None = Field(
@@ -201,6 +236,8 @@ class CitadelSettings(BaseSettings):
 
     _provenance: dict[str, Provenance] = PrivateAttr(default_factory=dict)
     _config_file: Path | None = PrivateAttr(default=None)
+    _passphrase_named: tuple[tuple[str, Origin], ...] = PrivateAttr(default=())
+    _key_command_seconds: float | None = PrivateAttr(default=None)
 
     def __init__(self, _config_file: str | os.PathLike[str] | None = None, **values: Any) -> None:
         loading = LoadState(_config_file, type(self))
@@ -217,6 +254,8 @@ class CitadelSettings(BaseSettings):
             raise ConfigurationError(loading.problems, config_file=loading.config_file)
         self._provenance = loading.provenance()
         self._config_file = loading.config_file
+        self._passphrase_named = tuple(loading.passphrase_named)
+        self._key_command_seconds = loading.key_command_seconds
 
     @property
     def config_file(self) -> Path | None:
@@ -226,6 +265,25 @@ class CitadelSettings(BaseSettings):
     def provenance(self, name: str) -> Provenance:
         """Where setting `name` (e.g. ``"ttl"``, ``"embedder.dim"``) came from."""
         return self._provenance.get(name, Provenance(Origin(DEFAULT)))
+
+    @property
+    def key_command_seconds(self) -> float | None:
+        """How long ``key_command`` took to print the passphrase; None when it did not give it."""
+        return self._key_command_seconds
+
+    def passphrase_source(self) -> str:
+        """Where the passphrase came from, in words (a key file or command with what named it)."""
+        return passphrase_source(
+            self.provenance("key").origin,
+            self.provenance("key_file").origin,
+            self.provenance("key_command").origin,
+        )
+
+    def passphrase_sources(self) -> list[str]:
+        """Every source that names a passphrase, in words, highest first: the first is the one
+        used (`passphrase_source`), each other one is overridden, neither read nor run."""
+        overridden = [described(origin, setting) for setting, origin in self._passphrase_named[1:]]
+        return [self.passphrase_source(), *overridden]
 
     @classmethod
     def setting_names(cls) -> list[str]:
@@ -262,7 +320,8 @@ class CitadelSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """Arguments, then CITADEL_* variables, then the secrets directory, then the TOML file.
+        """Arguments, then CITADEL_* variables, then the secrets directory, then systemd's
+        credentials directory (its citadel_key only), then the TOML file.
 
         No .env file: deployments set real variables. pydantic-settings' own
         environment and secrets sources are replaced by ones that report mistakes.
@@ -276,14 +335,31 @@ class CitadelSettings(BaseSettings):
             toml.values.get("secrets_dir"),
         )
         secrets = SecretsDirectorySource(settings_cls, loading, secrets_dir)
+        # systemd's credentials rank with the secrets directory, below one the operator named.
+        credentials = CredentialsDirectorySource(settings_cls, loading)
         return (
             Layer(init_settings, lambda name: Origin(ARGUMENT, name), loading),
             Layer(environment, environment.origin, loading),
             Layer(secrets, secrets.origin, loading),
+            Layer(credentials, credentials.origin, loading),
             Layer(toml, toml.origin, loading),
         )
 
     # -- validation -----------------------------------------------------------------------
+
+    @model_validator(mode="before")
+    @classmethod
+    def _run_key_command(cls, data: Any) -> Any:
+        # Here, once every source is in: key_command and its timeout may come from two of them.
+        loading = current_load.get()
+        if loading is None or not isinstance(data, dict):
+            return data
+        return loading.run_key_command(data)
+
+    @field_validator("key_command", mode="before")
+    @classmethod
+    def _command_words(cls, command: Any) -> list[str] | None:
+        return None if command is None else command_argv(command)
 
     @field_validator("key")
     @classmethod
@@ -292,7 +368,7 @@ class CitadelSettings(BaseSettings):
             raise ValueError("the passphrase is empty; Citadel would encrypt the file with an empty key")
         return key
 
-    @field_validator("ttl", "idle_ttl", mode="before")
+    @field_validator("ttl", "idle_ttl", "key_command_timeout", mode="before")
     @classmethod
     def _duration(cls, value: Any, info: ValidationInfo) -> float | None:
         return parse_duration(value, info.field_name or "ttl")

@@ -13,9 +13,14 @@ CONFIG_VARIABLE = "CITADEL_CONFIG"
 
 DEFAULT_CONFIG_FILE = "citadel.toml"
 
+# Set by systemd for a unit with LoadCredential=: its citadel_key file holds the passphrase.
+CREDENTIALS_VARIABLE = "CREDENTIALS_DIRECTORY"
+
 # Read by commands rather than by CitadelSettings (rotate-key's new passphrase), so valid names.
 OTHER_VARIABLES = {
     CONFIG_VARIABLE: "the TOML file to read (default: ./citadel.toml when it exists)",
+    CREDENTIALS_VARIABLE: "set by systemd (LoadCredential=citadel_key:...): its citadel_key file holds "
+    "the passphrase, ranked with the secrets directory (below it)",
     "CITADEL_NEW_KEY": "the new passphrase for the rotate-key command",
     "CITADEL_NEW_KEY_FILE": "a file holding the new passphrase for the rotate-key command",
     "CITADEL_SOURCE_KEY": "the passphrase of a citadeldb-openai-agents 2.x file to import",

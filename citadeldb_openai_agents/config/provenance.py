@@ -2,7 +2,7 @@
 
 `LoadState` follows one `CitadelSettings` construction: which TOML file it reads,
 every problem found (all reported at once), the passphrase rule (the highest source
-that names ``key`` or ``key_file`` decides it), and who set each value.
+that names ``key``, ``key_file`` or ``key_command`` decides it), and who set each value.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from pydantic import BaseModel, ValidationError
 from pydantic_settings import BaseSettings
 
 from ..hints import closest
+from ..options import parse_duration
+from .keycommand import DEFAULT_TIMEOUT, command_argv, run_key_command, shown
 from .keyfile import read_key_file
 from .names import CONFIG_VARIABLE, DEFAULT_CONFIG_FILE, nested_model
 
@@ -29,11 +31,18 @@ SECRETS_DIRECTORY = "secrets directory"
 
 KEY_FILE = "key file"
 
+KEY_COMMAND = "key command"
+
+CREDENTIAL = "systemd credential"
+
+# The passphrase came from a file, read again as it was when it changes (a key rotation).
+FROM_FILES = (KEY_FILE, SECRETS_DIRECTORY, CREDENTIAL)
+
 TOML_FILE = "TOML file"
 
 DEFAULT = "default"
 
-_KEY_FIELDS = ("key", "key_file")
+_KEY_FIELDS = ("key", "key_file", "key_command")
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,8 @@ _DESCRIBED: dict[str, Callable[[str, str], str]] = {
     ENVIRONMENT: lambda detail, setting: f"the environment variable {detail}",
     SECRETS_DIRECTORY: lambda detail, setting: f"the file {detail} in the secrets directory",
     KEY_FILE: lambda detail, setting: f"the key file {detail}",
+    KEY_COMMAND: lambda detail, setting: f"the output of the command {detail}",
+    CREDENTIAL: lambda detail, setting: f"the systemd credential {detail}",
     TOML_FILE: lambda detail, setting: f"{setting} in the TOML file {detail}",
 }
 
@@ -64,10 +75,12 @@ def described(origin: Origin, setting: str) -> str:
     return str(origin) if describe is None else describe(origin.detail, setting)
 
 
-def passphrase_source(key: Origin, key_file: Origin) -> str:
-    """Where the passphrase came from; a key file's with the source that named it."""
+def passphrase_source(key: Origin, key_file: Origin, key_command: Origin = Origin(DEFAULT)) -> str:
+    """Where the passphrase came from; a key file's or a command's with the source that named it."""
     if key.kind == KEY_FILE:
         return f"{described(key, 'key')}, named by {described(key_file, 'key_file')}"
+    if key.kind == KEY_COMMAND:
+        return f"{described(key, 'key')}, named by {described(key_command, 'key_command')}"
     return described(key, "key")
 
 
@@ -87,8 +100,14 @@ class LoadState:
         self.problems: list[str] = []
         self.origins: dict[str, Origin] = {}
         self.overridden: dict[str, list[Origin]] = {}
-        # The origin of whichever source decided the passphrase (key or key_file).
+        # The origin of whichever source decided the passphrase (key, key_file or key_command).
         self.passphrase_origin: Origin | None = None
+        # Every source that names a passphrase, highest first, with the setting it names it by:
+        # the first decides, the others are overridden (neither read nor run).
+        self.passphrase_named: list[tuple[str, Origin]] = []
+        # Set when key_command decided: it runs once every source is in (its timeout may be lower).
+        self._key_command_named_by: Origin | None = None
+        self.key_command_seconds: float | None = None
         # Set while a source's values carry a passphrase just read from a key file.
         self._key_file_origin: Origin | None = None
         # The TOML file named is missing or could not be parsed: what it would have set is
@@ -129,18 +148,23 @@ class LoadState:
         given = [name for name in _KEY_FIELDS if values.get(name) is not None]
         if not given:
             return values
+        self.passphrase_named.extend((name, origin(name)) for name in given)
         if self.passphrase_origin is not None:
             self.overridden.setdefault("key", []).append(origin(given[0]))
             return {name: value for name, value in values.items() if name not in _KEY_FIELDS}
         self.passphrase_origin = origin(given[0])
-        if len(given) == 2:
+        if len(given) > 1:
+            by = [f"by {origin(name)}" for name in given]
             self.problems.append(
-                f"the passphrase is set twice, by {origin('key')} and by {origin('key_file')}; "
-                "keep only one (a *_FILE variable names a file holding the value)"
+                f"the passphrase is set {'twice' if len(by) == 2 else f'{len(by)} times'}, "
+                f"{', '.join(by[:-1])} and {by[-1]}; keep only one (a *_FILE variable names a file "
+                "holding the value, key_command a command that prints it)"
             )
             return {name: value for name, value in values.items() if name not in _KEY_FIELDS}
         if given == ["key_file"]:
             return self._read_key_file(values, origin("key_file"))
+        if given == ["key_command"]:
+            self._key_command_named_by = origin("key_command")
         return values
 
     def _read_key_file(self, values: dict[str, Any], named_by: Origin) -> dict[str, Any]:
@@ -154,6 +178,28 @@ class LoadState:
             return values
         self._key_file_origin = Origin(KEY_FILE, str(Path(path).expanduser().absolute()))
         return {**values, "key": passphrase}
+
+    def run_key_command(self, data: dict[str, Any]) -> dict[str, Any]:
+        """Every source's values merged: the passphrase key_command prints, when it decided.
+
+        A command or timeout the settings' validation will refuse is not run (the problem is
+        reported there); a command that fails is a problem naming it, never its output.
+        """
+        named_by = self._key_command_named_by
+        if named_by is None or data.get("key") is not None:
+            return data
+        try:
+            argv = command_argv(data.get("key_command"))
+            timeout = parse_duration(data.get("key_command_timeout", DEFAULT_TIMEOUT), "key_command_timeout")
+        except ValueError:
+            return data
+        try:
+            passphrase, self.key_command_seconds = run_key_command(argv, timeout or DEFAULT_TIMEOUT)
+        except ValueError as exc:
+            self.problems.append(f"{exc} (key_command from {named_by})")
+            return data
+        self.origins["key"] = Origin(KEY_COMMAND, shown(argv))
+        return {**data, "key": passphrase}
 
     def describe(self, error: ValidationError) -> list[str]:
         """Pydantic's errors as problems naming the setting, its source and the fix."""
@@ -169,8 +215,9 @@ class LoadState:
                 if self.passphrase_origin is None:
                     problems.append(
                         "no passphrase is configured; set CITADEL_KEY_FILE (a file holding it), "
-                        "CITADEL_KEY, key_file in the TOML file, or a citadel_key file in the "
-                        "secrets directory"
+                        "CITADEL_KEY, CITADEL_KEY_COMMAND (a command that prints it), key_file or "
+                        "key_command in the TOML file, a citadel_key file in the secrets directory, "
+                        "or a systemd credential named citadel_key (LoadCredential=)"
                     )
                 continue
             if item["type"] == "extra_forbidden":

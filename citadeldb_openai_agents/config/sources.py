@@ -1,5 +1,5 @@
 """Where settings come from, one class per source: environment variables, the secrets
-directory, the TOML file; and the layer that applies the passphrase rule and notes who
+directory, systemd's credentials directory, the TOML file; and the layer that applies the passphrase rule and notes who
 set what (provenance.py). `CitadelSettings.settings_customise_sources` orders them.
 
 Each builds on pydantic-settings' own source where one exists, and reports a mistake
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +26,9 @@ from pydantic_settings import (
 
 from ..hints import closest
 from .keyfile import read_key_file
-from .names import ENV_PREFIX, OPTION_VARIABLES, environment_variable, nested_model
-from .provenance import ENVIRONMENT, SECRETS_DIRECTORY, TOML_FILE, LoadState, Origin
+from .names import CREDENTIALS_VARIABLE, ENV_PREFIX, OPTION_VARIABLES, environment_variable, nested_model
+from .provenance import CREDENTIAL, ENVIRONMENT, SECRETS_DIRECTORY, TOML_FILE, LoadState, Origin
+from .taken import take_variable
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -38,8 +39,16 @@ SHADOWED = "<a passphrase overridden by a higher source>"
 
 # Relative paths in a TOML file are relative to that file, not to wherever the process starts.
 _PATH_FIELDS = ("path", "key_file", "secrets_dir")
-# Lists a variable may give as a, b, c rather than JSON.
-COMMA_SEPARATED = ("shards",)
+# Lists a variable may give as words rather than JSON (CITADEL_SHARDS=a,b,c; CITADEL_KEY_COMMAND=pass
+# show agent), split by the setting's validator.
+COMMA_SEPARATED = ("shards", "key_command")
+
+# The passphrase variable: taken out of os.environ once read, so no child process inherits it.
+KEY_VARIABLE = environment_variable("key")
+
+# The file systemd's LoadCredential=citadel_key:... (or LoadCredentialEncrypted=) puts in the
+# service's $CREDENTIALS_DIRECTORY.
+CREDENTIAL_NAME = "citadel_key"
 
 
 class Layer(PydanticBaseSettingsSource):
@@ -97,6 +106,13 @@ class EnvironmentSource(EnvSettingsSource):
                 sub: value for sub, value in embedder.items() if prefix + sub.upper() not in unknown
             }
         return values
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        found = dict(super()._load_env_vars())
+        passphrase = take_variable(KEY_VARIABLE)
+        if passphrase:  # empty: unset, as for every variable (env_ignore_empty)
+            found[KEY_VARIABLE.lower()] = passphrase
+        return found
 
     def prepare_field_value(
         self, field_name: str, field: FieldInfo, value: Any, value_is_complex: bool
@@ -179,6 +195,39 @@ class SecretsDirectorySource(SecretsSettingsSource):
 
     def origin(self, name: str) -> Origin:
         return Origin(SECRETS_DIRECTORY, str(self._path(name.split(".")[0]).absolute()))
+
+
+class CredentialsDirectorySource(PydanticBaseSettingsSource):
+    """systemd's credentials: ``$CREDENTIALS_DIRECTORY/citadel_key``, put there by the unit's
+    ``LoadCredential=`` or ``LoadCredentialEncrypted=``, holds the passphrase with no setting
+    naming it. It is read as a key file is; another credential in the directory is ignored.
+    """
+
+    def __init__(self, settings_cls: type[BaseSettings], loading: LoadState) -> None:
+        super().__init__(settings_cls)
+        self._loading = loading
+        directory = os.environ.get(CREDENTIALS_VARIABLE)
+        self.path = Path(directory, CREDENTIAL_NAME).absolute() if directory else None
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ gives the one value
+
+    def __call__(self) -> dict[str, Any]:
+        if self.path is None or not self.path.exists():
+            return {}
+        if self._loading.passphrase_origin is not None:
+            return {"key": SHADOWED}  # overridden: noted, not read
+        try:
+            return {"key": read_key_file(self.path)}
+        except ValueError as exc:
+            self._loading.problems.append(f"{exc} (a systemd credential, in ${CREDENTIALS_VARIABLE})")
+            return {}
+
+    def origin(self, name: str) -> Origin:
+        return Origin(CREDENTIAL, str(self.path))
+
+    def __repr__(self) -> str:
+        return f"CredentialsDirectorySource({self.path})"
 
 
 class TomlFileSource(PydanticBaseSettingsSource):
