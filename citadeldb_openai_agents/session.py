@@ -457,6 +457,10 @@ class CitadelSessionStore(FileStore):
             to the other processes that open it, which become its clients with no change to
             their code, and take it over if it goes. False: the file is this process's alone
             (another gets `DatabaseLockedError`); a forked child's store raises `ForkedStoreError`.
+        socket_dir: The directory for the socket the owner serves the file on: this user's, mode
+            0700 (made so if missing; refused otherwise). None: ``$XDG_RUNTIME_DIR``'s, the home's
+            cache, or ``citadeldb-openai-agents-<uid>`` in the temporary directory, the first private
+            one found. Every process on one file needs the same.
         adopt: Settings fixed per file (`FIXED_PER_FILE`: ttl, embedder, sync_mode, erasure_ledger)
             taken from the owner when this store is its client, not refused if they differ (`adopted`
             says what was taken; a takeover keeps them). `from_config` adopts those it leaves unset.

@@ -72,6 +72,7 @@ class FileStore(OriginalStoreApi):
         cache_size: int | None = None,
         create: bool = True,
         serve: bool = True,
+        socket_dir: str | os.PathLike[str] | None = None,
         adopt: Collection[str] = (),
         shards: Sequence[str] | None = None,
         shard: str | None = None,
@@ -97,12 +98,11 @@ class FileStore(OriginalStoreApi):
             options = StoreOptions.of(
                 ttl=ttl, ttl_mode=ttl_mode, idle_ttl=idle_ttl, sync_mode=sync_mode, cache_size=cache_size,
                 erasure_ledger=erasure_ledger, ledger_mirror=ledger_mirror, argon2_profile=argon2_profile,
-            )  # fmt: skip
+                socket_dir=socket_dir)  # fmt: skip
             self._closed, self._close_lock = False, threading.Lock()
             self._file = SharedFile(
                 path, key, embedder=resolve_embedder(embedder), options=options, create=create,
-                serve=serve, adopt=adopted, ring=ring,
-            )  # fmt: skip
+                serve=serve, adopt=adopted, ring=ring)  # fmt: skip
         except WrongPassphraseError as exc:  # told here, raised below: no frame of the layers under us
             wrong = exc.came_from(KEY_ARGUMENT)
         finally:

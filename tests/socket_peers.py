@@ -39,6 +39,7 @@ def authenticated_peer(db_path: Path, key: str, socket_key: SocketKey | None = N
                     "idle_ttl": None,
                     "argon2_profile": None,
                     "cache_size": 16384,
+                    "socket_dir": None,
                 },
                 "identity": ["any", 1, "cosine"],
             },

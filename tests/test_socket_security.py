@@ -94,7 +94,7 @@ ATTACKER = textwrap.dedent(
             client.settimeout(5)
             try:
                 log.write(client.recv(65536))
-                client.sendall(frame(b"CDLS" + VERSION.to_bytes(2, "big") + os.urandom(64)))
+                client.sendall(frame(b"CDLS" + VERSION.to_bytes(2, "big") + os.urandom(96)))  # salt, nonce, proof
                 log.write(client.recv(65536))
             except OSError:
                 pass
@@ -193,8 +193,9 @@ def test_a_fake_owner_records_nothing_that_tests_a_passphrase(
 @pytest.mark.usefixtures("full_cost_socket_kdf")
 def test_testing_a_guess_against_the_socket_costs_more_than_against_the_file(db_path: Path) -> None:
     """A fake client does get the owner's proof: each guess then costs one derivation of the
-    socket's key, which must cost more than opening the file with the guess (its own KDF)."""
-    CitadelSessionStore(db_path, KEY).close()  # Citadel's default KDF profile
+    socket's key, which must cost more than opening the file with the guess (its own KDF), for
+    the costliest profile, "server" (benchmarks/socket_kdf.py measures all three)."""
+    CitadelSessionStore(db_path, KEY, argon2_profile="server").close()
 
     def fastest(attempt: object) -> float:
         times = []
@@ -210,14 +211,15 @@ def test_testing_a_guess_against_the_socket_costs_more_than_against_the_file(db_
         citadeldb.connect(str(db_path), key=KEY).close()
 
     def derive() -> None:
-        SocketKey(Secret(b"a guess"), str(db_path)).mac(b"x")
+        SocketKey(Secret(b"a guess"), str(db_path)).derive(os.urandom(32))
 
     assert fastest(derive) > fastest(open_file)
 
 
 def test_slow_and_idle_peers_cannot_hold_the_owner(db_path: Path) -> None:
     """Peers that trickle a byte at a time or say nothing are dropped when the handshake's one
-    deadline passes (5 s for all of it), at most 32 wait at once, and the owner keeps serving."""
+    deadline passes (5 s for all of it), at most 4 of one process wait at once (the others are told
+    the owner is busy, and nothing else), and the owner keeps serving."""
     owner = Service(db_path)
     peers: list[socket.socket] = []
     try:
@@ -241,10 +243,14 @@ def test_slow_and_idle_peers_cannot_hold_the_owner(db_path: Path) -> None:
                         peer.send(hello[second : second + 1])
                 asyncio.run(session.add_items(items("served through the flood")))  # a client goes on
                 time.sleep(1.0)
+            busy = b"CDLS" + VERSION.to_bytes(2, "big") + b"busy"  # to those past the caps, no more
             for peer in peers:
                 peer.settimeout(max(0.1, started + 8.0 - time.monotonic()))
                 with contextlib.suppress(ConnectionResetError):
-                    assert peer.recv(1) == b"", "the owner sent a peer that never proved itself something"
+                    sent = peer.recv(64, socket.MSG_WAITALL)
+                    assert sent in (b"", len(busy).to_bytes(4, "big") + busy), "the owner sent a peer " + (
+                        "that never proved itself something"
+                    )
             assert time.monotonic() - started < 9.0, "a peer was kept past the handshake's deadline"
         with CitadelSessionStore(db_path, KEY) as late:  # and a new client gets in
             assert len(asyncio.run(late.session("alice").get_items())) == 6
@@ -254,6 +260,7 @@ def test_slow_and_idle_peers_cannot_hold_the_owner(db_path: Path) -> None:
         log = owner.stop()
     # Refusals are logged ten a minute, then counted: a flood does not flood the log.
     assert 1 <= log.count("refused a peer") <= 11, log
+    assert log.count("turned away a peer") <= 11, log  # those past the caps: a limit of their own
 
 
 def test_a_silent_peer_holding_the_lock_fails_a_client_within_the_bound(

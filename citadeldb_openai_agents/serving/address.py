@@ -1,22 +1,30 @@
 """Where the owner of a file listens, and the key both ends prove they know.
 
-The socket lives in a directory only this user can use, never under a predictable
-name in a shared directory (another user could squat it and stop this user's erasures):
-``$XDG_RUNTIME_DIR/citadeldb-openai-agents`` (systemd makes ``$XDG_RUNTIME_DIR``, mode
-0700), else the same under ``/run/user/<uid>`` (for a process started without the
+The socket lives in a directory only this user can use, never one another user could
+have made first: ``socket_dir`` when set (``CITADEL_SOCKET_DIR``: a systemd unit's
+``RuntimeDirectory=``), which must be this user's with mode 0700 (made so if missing);
+else ``$XDG_RUNTIME_DIR/citadeldb-openai-agents`` (systemd makes ``$XDG_RUNTIME_DIR``,
+mode 0700), else the same under ``/run/user/<uid>`` (for a process started without the
 variable, a cron job's), else ``.cache/citadeldb-openai-agents/run`` in the user's home
 as the user database has it (not ``$HOME``, which servers and tests change), each checked
-for its owner and mode and skipped when a socket's name would not fit AF_UNIX's 107
-bytes; else a directory with a random name in the temporary directory, noted in that
-cache so that every process finds it. Every process of a deployment must see the same
-``XDG_RUNTIME_DIR`` (set or unset) to find the same socket. Its name is a keyed digest of the database's resolved path, under a
+for its owner and mode and skipped when it cannot be made or a socket's name would not fit
+AF_UNIX's 107 bytes; else, where the home is usable, a directory with a random name in the
+temporary directory, noted in that cache so that every process finds it; else (an account
+whose home does not exist) ``citadeldb-openai-agents-<uid>`` in the temporary directory,
+made 0700 by the first process and trusted only while lstat says it is a directory of this
+user's that no one else can enter: another user who made that name first is refused, and
+serving then fails naming ``socket_dir``. Every process of a deployment must see the same
+``XDG_RUNTIME_DIR`` and ``socket_dir`` (set or unset) to find the same socket. Its name is a keyed digest of the database's resolved path, under a
 random secret kept in that directory, so every process of this user that opens the file,
 by whatever path, finds the same socket, and no one else can confirm a guessed path from
 the names the kernel lists for everyone (/proc/net/unix).
 
-The socket's key is derived from the passphrase with scrypt at a cost (n = 2**17, 128 MiB,
-~0.5 s here) above that of opening the file itself (argon2id: 41 ms "iot", 185 ms
-"desktop", 484 ms "server", measured on this project's 2-core machine): whatever a peer
+The socket's key is derived from the passphrase with scrypt (`SCRYPT_COST`: n = 2**17,
+r = 8, p = 2, 128 MiB, ~0.65 s here), salted with 32 random bytes of the file's own, kept
+beside the socket (``<name>.salt``) and sent by the owner in its handshake, so that no
+dictionary computed once serves every deployment at a common path. Its cost is above that
+of opening the file (argon2id: 18 ms "iot", 123 ms "desktop", 354 ms "server" at the
+median on this project's 2-core machine, benchmarks/socket_kdf.py): whatever a peer
 records of a handshake, testing a passphrase guess against it costs more than trying the
 guess on the file. It is derived once per process and file, when first needed.
 """
@@ -27,11 +35,8 @@ import contextlib
 import hashlib
 import hmac
 import os
-import pwd
 import secrets
 import socket
-import stat
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -41,17 +46,38 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ..errors import CitadelSessionError
 from ..storage.process_state import gone
+from .directory import runtime_directory
 
-_APP = "citadeldb-openai-agents"
-_SUN_PATH = 107  # bytes of a Unix socket's name on Linux (108, less the terminating NUL)
-_SALT_DOMAIN = b"citadeldb-openai-agents/serve/v2\0"
-# scrypt's cost: 128 MiB and ~0.5 s on this project's 2-core machine, once per process and file.
-_SCRYPT = {"n": 2**17, "r": 8, "p": 1, "dklen": 32, "maxmem": 2**28}
+_SALT_DOMAIN = b"citadeldb-openai-agents/serve/v3\0"  # then the file's 32 random bytes
+_SALT = 32
+# scrypt's cost: 128 MiB and ~0.65 s on this project's 2-core machine, once per process and
+# file; p = 2 doubles the time of p = 1 (0.35 s, under the "server" profile's file at times)
+# at the same memory. benchmarks/socket_kdf.py measures it beside each argon2 profile.
+SCRYPT_COST = {"n": 2**17, "r": 8, "p": 2, "dklen": 32, "maxmem": 2**28}
 
 
-def socket_path(database: str) -> str:
-    """The owner's socket for the database at the resolved path `database`."""
-    return str(runtime_directory() / f"{_name(database)}.sock")
+def socket_path(database: str, socket_dir: str | None = None) -> str:
+    """The owner's socket for the database at the resolved path `database` (in `socket_dir`, if set)."""
+    return str(_named(database, socket_dir, ".sock"))
+
+
+def _named(database: str, socket_dir: str | None, suffix: str) -> Path:
+    """The database's file of kind `suffix` in the runtime directory, under its keyed name."""
+    directory = runtime_directory(socket_dir)
+    key = _kept_random(directory / "names.key")
+    name = hmac.new(key, database.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()[:32]
+    return directory / f"{name}{suffix}"
+
+
+def file_salt(database: str, socket_dir: str | None = None) -> bytes:
+    """The file's random salt for its socket's key, kept beside its socket (made once, atomically).
+
+    Random per file, not derived from its path: no dictionary computed once tests guesses
+    against every deployment at a common path. The owner sends the salt it derived with in
+    its handshake, so a client agrees with a live owner even after this file was replaced
+    (the runtime directory wiped); a new salt then is only another derivation.
+    """
+    return _kept_random(_named(database, socket_dir, ".salt"))
 
 
 def remove_stale_sockets(keep: str, *, older_than: float = 60.0) -> list[str]:
@@ -65,7 +91,7 @@ def remove_stale_sockets(keep: str, *, older_than: float = 60.0) -> list[str]:
     Where /proc/net/unix cannot be read, no socket is removed. The marks of processes
     killed while opening a file are removed too. Returns the paths removed.
     """
-    directory = runtime_directory()
+    directory = Path(keep).parent
     now = time.time()
     removed = []
     old = [
@@ -84,6 +110,8 @@ def remove_stale_sockets(keep: str, *, older_than: float = 60.0) -> list[str]:
             with contextlib.suppress(FileNotFoundError):
                 entry.unlink()
                 removed.append(name)
+            with contextlib.suppress(FileNotFoundError):
+                entry.with_suffix(".salt").unlink()  # its file's salt: the next owner makes another
         except OSError:
             continue  # gone meanwhile, or not a socket to judge
     for entry in directory.glob("*.opening.*"):  # `served_files.opening`'s, named by pid
@@ -116,27 +144,21 @@ def _bound_unix_sockets() -> set[str] | None:
         return None
 
 
-def opening_marker(database: str, pid: int) -> str:
+def opening_marker(database: str, pid: int, socket_dir: str | None = None) -> str:
     """A file that says process `pid` is opening the database (it may hold the lock, not serve yet)."""
-    return str(runtime_directory() / f"{_name(database)}.opening.{pid}")
+    return str(_named(database, socket_dir, f".opening.{pid}"))
 
 
-def _name(database: str) -> str:
-    salt = _user_salt(runtime_directory())
-    return hmac.new(salt, database.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()[:32]
-
-
-def _user_salt(directory: Path) -> bytes:
-    """This user's random secret that salts the sockets' names, made once, atomically."""
-    path = directory / "names.key"
+def _kept_random(path: Path) -> bytes:
+    """32 random bytes kept at `path` (this user's names' secret, a file's salt), made once, atomically."""
     try:
         return _read_salt(path)
     except FileNotFoundError:
         pass
-    fresh = directory / f"names.key.{os.getpid()}.{threading.get_ident()}"
+    fresh = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}")
     descriptor = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        os.write(descriptor, secrets.token_bytes(32))
+        os.write(descriptor, secrets.token_bytes(_SALT))
     finally:
         os.close(descriptor)
     try:
@@ -154,101 +176,12 @@ def _read_salt(path: Path) -> bytes:
         salt = os.read(descriptor, 64)
     finally:
         os.close(descriptor)
-    if len(salt) != 32:
+    if len(salt) != _SALT:
         raise CitadelSessionError(
             f"{path} is damaged (it should hold 32 random bytes): remove it; processes serving "
             "a file now keep their socket until they restart."
         )
     return salt
-
-
-def runtime_directory() -> Path:
-    """A directory only this user can use, made if needed; raises if there is none."""
-    for candidate in _candidates():
-        if _fits(candidate):
-            return _made_private(candidate)
-    return _noted_directory()
-
-
-def _candidates() -> list[Path]:
-    found = []
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.isabs(runtime) and _private(Path(runtime)):
-        found.append(Path(runtime) / _APP)
-    systemd = Path(f"/run/user/{os.getuid()}")  # what XDG_RUNTIME_DIR names, for processes without it
-    if _private(systemd) and systemd / _APP not in found:
-        found.append(systemd / _APP)
-    found.append(_cache() / "run")
-    return found
-
-
-def _cache() -> Path:
-    """This user's cache directory, from the user database: the same whatever a process's $HOME."""
-    try:
-        home = pwd.getpwuid(os.getuid()).pw_dir
-    except KeyError:
-        home = os.path.expanduser("~")
-    return Path(home) / ".cache" / _APP
-
-
-def _noted_directory() -> Path:
-    """Where the usual directories' paths are too long for a socket: one with a random name in
-    the temporary directory (no one can guess it to squat it), its path noted in the cache."""
-    note = _made_private(_cache()) / "runtime-directory"
-    with contextlib.suppress(OSError):
-        noted = Path(note.read_text(encoding="utf-8").strip())
-        if noted.is_absolute() and _fits(noted) and _private(noted):
-            return noted
-    fresh = Path(tempfile.mkdtemp(prefix=f"{_APP}-"))  # 0700, made by this process
-    if not _fits(fresh):
-        os.rmdir(fresh)
-        raise CitadelSessionError(
-            f"no directory of this user's is short enough for the socket that serves the file to other "
-            f"processes (a Unix socket's name holds at most {_SUN_PATH} bytes): set XDG_RUNTIME_DIR to a "
-            "short directory of this user's (mode 700), or set serve = false."
-        )
-    draft = note.with_name(f"{note.name}.{os.getpid()}.{threading.get_ident()}")
-    draft.write_text(str(fresh), encoding="utf-8")
-    os.replace(draft, note)  # the last writer wins; every process reads the note again before use
-    noted = Path(note.read_text(encoding="utf-8").strip())
-    if noted != fresh:
-        os.rmdir(fresh)
-    return noted
-
-
-def _made_private(directory: Path) -> Path:
-    try:
-        directory.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        directory.mkdir(mode=0o700, exist_ok=True)
-    except OSError as exc:
-        raise CitadelSessionError(
-            f"cannot create {directory} for the socket that serves the file to other processes "
-            f"({exc.strerror}): set XDG_RUNTIME_DIR to a directory of this user's, or serve = false."
-        ) from None
-    if not _private(directory):
-        raise CitadelSessionError(
-            f"{directory} is owned by another user or open to others, so the socket that serves the "
-            "file to other processes cannot be put there safely. Remove it (or make it yours with "
-            "mode 700), set XDG_RUNTIME_DIR to a directory of this user's, or set serve = false."
-        )
-    return directory
-
-
-def _fits(directory: Path) -> bool:
-    """Whether a socket's name in `directory` fits in AF_UNIX's address."""
-    return len(os.fsencode(directory / f"{'0' * 32}.sock")) <= _SUN_PATH
-
-
-def _private(directory: Path) -> bool:
-    try:
-        status = directory.lstat()
-    except OSError:
-        return False
-    return (
-        stat.S_ISDIR(status.st_mode)
-        and status.st_uid == os.getuid()
-        and not status.st_mode & (stat.S_IRWXG | stat.S_IRWXO)
-    )
 
 
 class Secret:
@@ -272,18 +205,23 @@ class Secret:
 
 
 class SocketKey:
-    """The key of a file's socket, derived from the passphrase when first needed, in a wiped buffer.
+    """The key of a file's socket, derived from the passphrase and a salt when first needed, in a wiped buffer.
 
     Its bytes never leave this object: the handshake asks it for a MAC and for the
-    connection's keys (handshake.py), so no frame of a raised error holds them.
+    connection's keys (handshake.py), so no frame of a raised error holds them. The salt
+    is the file's (`file_salt`): the owner derives under its own and sends it; a client
+    derives beforehand under the one it finds beside the socket, and again, during the
+    handshake, only if the owner's differs.
     """
 
-    __slots__ = ("_database", "_key", "_lock", "_passphrase")
+    __slots__ = ("_database", "_key", "_lock", "_passphrase", "_salt", "_socket_dir")
 
-    def __init__(self, passphrase: Secret, database: str) -> None:
+    def __init__(self, passphrase: Secret, database: str, socket_dir: str | None = None) -> None:
         self._passphrase = passphrase  # the store's buffer: replaced in place by a rotation
         self._database = database
+        self._socket_dir = socket_dir
         self._key = Secret(b"")
+        self._salt = b""  # the salt the key was derived under
         self._lock = threading.Lock()
 
     def mac(self, *parts: bytes) -> bytes:
@@ -295,9 +233,20 @@ class SocketKey:
         """A 32-byte key for one connection: HKDF-SHA256 of the socket's key."""
         return HKDF(algorithm=SHA256(), length=32, salt=salt, info=info).derive(self._bytes())
 
-    def derive(self) -> None:
-        """Derive the key now if it is not yet (each later use then costs nothing)."""
-        self._bytes()
+    def derive(self, salt: bytes | None = None) -> bytes:
+        """Derive the key under `salt` (32 bytes; None: the file's own, `file_salt`) unless it is
+        already; returns the salt it is derived under. Each later use then costs nothing."""
+        if salt is not None and len(salt) != _SALT:
+            raise ValueError(f"a socket key's salt is {_SALT} bytes")
+        with self._lock:
+            if salt is None:
+                salt = self._salt or file_salt(self._database, self._socket_dir)
+            if not self._key.value or salt != self._salt:
+                self._key.replace(
+                    hashlib.scrypt(self._passphrase.value, salt=_SALT_DOMAIN + salt, **SCRYPT_COST)
+                )
+                self._salt = salt
+            return salt
 
     def rotated(self, passphrase: bytes) -> None:
         """Derive from `passphrase` from now on (a key rotation): the buffer the store shares is
@@ -315,10 +264,8 @@ class SocketKey:
             self._key = Secret(b"")
 
     def _bytes(self) -> bytearray:
+        self.derive(self._salt or None)
         with self._lock:
-            if not self._key.value:
-                salt = _SALT_DOMAIN + hashlib.sha256(self._database.encode("utf-8", "surrogatepass")).digest()
-                self._key.replace(hashlib.scrypt(self._passphrase.value, salt=salt, **_SCRYPT))
             return self._key.value  # the buffer itself: a copy could not be wiped
 
     def __repr__(self) -> str:

@@ -23,16 +23,21 @@ from ..storage.lockholder import find_lock_holder
 from ..storage.process_state import gone
 from .address import SocketKey
 from .channel import Channel
-from .handshake import VERSION, ProofRefused, VersionRefused, client_side, peer_process
+from .handshake import VERSION, ProofRefused, TurnedAway, VersionRefused, client_side, peer_process
 from .operations import Operation, ProtocolError, wire_argument
 from .protocol import OWNER_HELLO, ClientHello, OwnerHello, error_from_wire, hello_to_wire
-from .transport import Note, OwnerGone
+from .refusals import owner_busy
+from .transport import Note, OwnerBusy, OwnerGone
 
 T = TypeVar("T")
 
 POOL = 16  # idle connections kept per file; more calls at once open more, closed when done
 CONNECT_SECONDS = 5.0  # to connect, prove both ways and exchange hellos
 SILENCE_SECONDS = 10.0  # the owner's heartbeat comes every second while it works on a call
+BUSY_SECONDS = 10.0  # how long a new connection keeps asking an owner that turns it away (busy)
+# Handshakes one client runs at once: under the owner's cap per process (server.py), so a
+# process whose threads all open connections at once is never turned away for its own sake.
+HANDSHAKES_AT_ONCE = 2
 
 
 class RemoteOwner:
@@ -45,6 +50,7 @@ class RemoteOwner:
         self._path = path
         self._idle: list[Channel] = []
         self._lock = threading.Lock()
+        self._handshakes = threading.BoundedSemaphore(HANDSHAKES_AT_ONCE)
         self._closed = False
         channel, self.owner = self._connect()
         self._idle.append(channel)
@@ -115,7 +121,17 @@ class RemoteOwner:
         with self._lock:
             if self._idle:
                 return self._idle.pop()
-        return self._connect()[0]
+        patience = time.monotonic() + BUSY_SECONDS
+        while True:  # nothing was sent to an owner that turned this process away: asked again
+            try:
+                return self._connect()[0]
+            except OwnerBusy:
+                if time.monotonic() > patience:
+                    raise StorageError(
+                        f"process {self.owner.pid}, which holds {self._path}, could not take another "
+                        f"connection from this one. {owner_busy(BUSY_SECONDS)}"
+                    ) from None
+                time.sleep(0.05)
 
     def _give_back(self, channel: Channel) -> None:
         with self._lock:
@@ -125,7 +141,13 @@ class RemoteOwner:
         channel.close()
 
     def _connect(self) -> tuple[Channel, OwnerHello]:
-        self._key.derive()  # once per process (~0.5 s): not counted against the owner's answer
+        with self._handshakes:
+            return self._handshake()
+
+    def _handshake(self) -> tuple[Channel, OwnerHello]:
+        # Once per process and file (~0.65 s), under the salt beside the socket: not counted
+        # against the owner's answer (again in it only if the owner's salt differs).
+        self._key.derive()
         deadline = time.monotonic() + CONNECT_SECONDS
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(CONNECT_SECONDS)
@@ -140,6 +162,9 @@ class RemoteOwner:
             client_side(channel, self._key, pid, deadline)
             channel.send(["hello", hello_to_wire(self._hello)])
             reply = channel.receive(deadline)
+        except TurnedAway:
+            channel.close()
+            raise OwnerBusy("the owner turned this process away: busy") from None
         except ProofRefused:
             channel.close()
             refused = self._proof_refused(pid)

@@ -26,7 +26,7 @@ from .address import Secret, socket_path
 from .client import RemoteOwner
 from .modes import Mode, ServeToOthers
 from .protocol import ClientHello, OwnerHello, disagreements, wire_identity
-from .transport import LocalTransport, OwnerGone, Transport
+from .transport import LocalTransport, OwnerBusy, OwnerGone, Transport
 
 # How long a client waits for an owner: one starting up (it holds the lock before it
 # serves), or a new one after the old one died. Past it, the file is held by a process
@@ -84,7 +84,7 @@ def attach(opening: Opening, mode: Mode, deadline: float) -> Transport:
     parent: int | None = None  # the process this one was forked from, when it held the file
     patience = time.monotonic() + OPENING_SECONDS
     # Marked opening once, not on each 20 ms retry: only the lock holder's mark is looked at.
-    with mode.opening(opening.resolved):
+    with mode.opening(opening.resolved, opening.options.socket_dir):
         while True:
             try:
                 local = LocalFile(
@@ -107,11 +107,11 @@ def attach(opening: Opening, mode: Mode, deadline: float) -> Transport:
                 return _owned(opening, mode, local)
             assert isinstance(mode, ServeToOthers)  # `KeepToSelf.locked` raised
             try:
-                remote = RemoteOwner(
-                    socket_path(opening.resolved), mode.key, opening.hello(), opening.resolved
-                )
-            except OwnerGone:
-                deadline = _still_waiting(opening.resolved, locked, parent, deadline, patience)
+                address = socket_path(opening.resolved, opening.options.socket_dir)
+                remote = RemoteOwner(address, mode.key, opening.hello(), opening.resolved)
+            except OwnerGone as gone_now:
+                busy = isinstance(gone_now, OwnerBusy)  # it answered: alive, never to be called stuck
+                deadline = _still_waiting(opening, locked, parent, deadline, patience, busy)
                 time.sleep(0.02)
                 continue
             _agree(opening, remote)
@@ -120,22 +120,29 @@ def attach(opening: Opening, mode: Mode, deadline: float) -> Transport:
 
 
 def _still_waiting(
-    resolved: str, locked: DatabaseLockedError, parent: int | None, deadline: float, patience: float
+    opening: Opening,
+    locked: DatabaseLockedError,
+    parent: int | None,
+    deadline: float,
+    patience: float,
+    busy: bool,
 ) -> float:
-    """The deadline to keep waiting for an owner to serve the file by, or the error for waiting no more."""
+    """The deadline to keep waiting for an owner to serve the file by, or the error for waiting no more
+    (`busy`: the last try reached the owner, which turned this process away)."""
+    resolved = opening.resolved
     if parent is not None and (gone(parent) or time.monotonic() > deadline):
         # Its children keep the lock it held through their inherited copies: no one can
         # take the file over, so there is no handover to wait for once it is gone.
         raise refusals.parent_gone(resolved, parent, gone(parent), HANDOVER_SECONDS) from None
     holder = locked.holder
-    opener = holder is not None and served_files.is_opening(resolved, holder.pid)
+    opener = holder is not None and served_files.is_opening(resolved, holder.pid, opening.options.socket_dir)
     if opener:
         # A big file takes seconds to open (its audit reads every row): the holder is on
         # its way to serving it, so wait for it rather than a fixed time.
         deadline = max(deadline, min(time.monotonic() + HANDOVER_SECONDS, patience))
     if time.monotonic() > deadline:
         waited = OPENING_SECONDS if opener else HANDOVER_SECONDS
-        raise refusals.never_served(locked, waited, opening=opener) from None
+        raise refusals.never_served(locked, waited, opening=opener, busy=busy) from None
     return deadline
 
 

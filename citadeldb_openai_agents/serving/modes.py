@@ -25,7 +25,7 @@ class Mode(Protocol):
 
     serves: bool
 
-    def opening(self, path: str) -> contextlib.AbstractContextManager[None]:
+    def opening(self, path: str, socket_dir: str | None) -> contextlib.AbstractContextManager[None]:
         """Held while this process opens the file (it may hold the lock and serve no one yet)."""
 
     def owned(self, path: str, local: LocalFile, terms: StoreOptions) -> None:
@@ -46,8 +46,8 @@ class ServeToOthers:
     def __init__(self, key: SocketKey) -> None:
         self.key = key
 
-    def opening(self, path: str) -> contextlib.AbstractContextManager[None]:
-        return served_files.opening(path)
+    def opening(self, path: str, socket_dir: str | None) -> contextlib.AbstractContextManager[None]:
+        return served_files.opening(path, socket_dir)
 
     def owned(self, path: str, local: LocalFile, terms: StoreOptions) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -67,7 +67,7 @@ class KeepToSelf:
 
     serves = False
 
-    def opening(self, path: str) -> contextlib.AbstractContextManager[None]:
+    def opening(self, path: str, socket_dir: str | None) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
 
     def owned(self, path: str, local: LocalFile, terms: StoreOptions) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..errors import ConfigurationError, DatabaseLockedError, WrongPassphraseError
 from . import orphans
+from .server import MAX_HANDSHAKES, MAX_HANDSHAKES_PER_PROCESS
 
 
 def not_serving_here(locked: DatabaseLockedError) -> DatabaseLockedError:
@@ -38,8 +39,15 @@ def parent_gone(path: str, parent: int, exited: bool, waited: float) -> Database
     )
 
 
-def never_served(locked: DatabaseLockedError, waited: float, *, opening: bool = False) -> DatabaseLockedError:
-    """The holder did not serve the file in time."""
+def never_served(
+    locked: DatabaseLockedError, waited: float, *, opening: bool = False, busy: bool = False
+) -> DatabaseLockedError:
+    """The holder did not serve the file in time (`busy`: it answered, and turned this process away)."""
+    if busy:
+        return DatabaseLockedError(
+            f"{locked} {owner_busy(waited)}",
+            holder=locked.holder,
+        )
     if opening:
         return DatabaseLockedError(
             f"{locked} It has been opening the file for more than {waited:g} s without serving it: "
@@ -51,6 +59,17 @@ def never_served(locked: DatabaseLockedError, waited: float, *, opening: bool = 
         f"{locked} It did not serve the file within {waited:g} s: it is not a store of this "
         "package, or it is stuck opening the file. Stop that process, then retry.",
         holder=locked.holder,
+    )
+
+
+def owner_busy(waited: float) -> str:
+    """Why an owner that is alive and answering turned this process away: never advice to stop it."""
+    return (
+        f"It is running and answers on its socket, but turned this process away for {waited:g} s: too "
+        "many other connections were in their handshake with it (at most "
+        f"{MAX_HANDSHAKES} at once, {MAX_HANDSHAKES_PER_PROCESS} per process). "
+        "It is not stuck, so do not stop it: other processes of this user are flooding its socket; "
+        "find them with `ss -xp` (peers of the socket named in its log) and stop those, then retry."
     )
 
 
@@ -83,4 +102,19 @@ def rotated_elsewhere(path: str, source: str, waited: float | None = None) -> Wr
         f"the passphrase of {path} was changed (rotate-key), and {source} still gives the old one "
         f"after {waited:g} s: write the new passphrase there, as rotate-key's next step says; this "
         "process carries on once it can read it."
+    )
+
+
+def in_flight_unknown(
+    refused: WrongPassphraseError, operation: str, owner: int | None
+) -> WrongPassphraseError:
+    """`refused` (the takeover after the owner died could not open the file) for a call that was in
+    flight then: the owner may have done it before it died, and nobody can tell this process."""
+    return WrongPassphraseError(
+        f"{refused.cause} The write in progress ({operation}) when process {owner or 'that held the file'} "
+        "stopped may or may not have been stored: once restarted, read the session (or run "
+        "`python -m citadeldb_openai_agents export SESSION_ID`) before writing it again.",
+        refused.check,
+        refused.source,
+        refused.hint,
     )

@@ -39,7 +39,7 @@ at_fork(
 
 
 @contextlib.contextmanager
-def opening(path: str) -> Iterator[None]:
+def opening(path: str, socket_dir: str | None = None) -> Iterator[None]:
     """Mark this process as opening the file, until it serves it (or fails to).
 
     Opening a big file takes seconds (the open-time audit reads every row: 1.6-1.8 s at
@@ -47,7 +47,7 @@ def opening(path: str) -> Iterator[None]:
     process that finds the lock held by a process with this mark waits for it instead of
     taking it for one that never serves.
     """
-    marker = opening_marker(path, current_pid())
+    marker = opening_marker(path, current_pid(), socket_dir)
     with open(marker, "w", encoding="utf-8"):
         pass
     try:
@@ -57,16 +57,16 @@ def opening(path: str) -> Iterator[None]:
             os.unlink(marker)
 
 
-def is_opening(path: str, pid: int) -> bool:
+def is_opening(path: str, pid: int, socket_dir: str | None = None) -> bool:
     """Whether process `pid` is alive and opening the file (see `opening`)."""
-    return os.path.exists(opening_marker(path, pid)) and not gone(pid)
+    return os.path.exists(opening_marker(path, pid, socket_dir)) and not gone(pid)
 
 
 def start_serving(path: str, local: LocalFile, key: SocketKey, terms: StoreOptions) -> None:
     with _lock:
         server, users = _served.get(path, (None, 0))
         if server is None:
-            server = Server(local, socket_path(path), key, terms=terms)
+            server = Server(local, socket_path(path, terms.socket_dir), key, terms=terms)
         _served[path] = (server, users + 1)
 
 
@@ -89,7 +89,7 @@ def restart_serving(path: str, local: LocalFile, key: SocketKey, terms: StoreOpt
             return
         server, users = _served[path]
         server.close()
-        _served[path] = (Server(local, socket_path(path), key, terms=terms), users)
+        _served[path] = (Server(local, socket_path(path, terms.socket_dir), key, terms=terms), users)
 
 
 def rotated(path: str, passphrase: bytes) -> None:

@@ -4,8 +4,10 @@ One thread accepts (and sends the heartbeats of calls in progress); each connect
 gets a thread that runs the handshake (handshake.py) under one deadline,
 `HANDSHAKE_SECONDS` for the whole of it, then executes that client's calls on the
 `LocalFile`, one at a time. At most `MAX_HANDSHAKES` peers may be in their handshake
-at once: a peer past that is closed at once, without a thread. Calls of different
-clients run in parallel, as the store's own threads do.
+at once, and at most `MAX_HANDSHAKES_PER_PROCESS` of one process (the kernel's word for
+its pid, SO_PEERCRED), so that one process reconnecting as fast as it is dropped cannot
+keep the others out: a peer past either is told the owner is busy and closed at once,
+without a thread. Calls of different clients run in parallel, as the store's own threads do.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from ..storage.local_file import LocalFile
 from ..storage.process_state import SERVERS, at_fork, current_pid
 from .address import SocketKey, remove_stale_sockets
 from .channel import Channel
-from .handshake import ProofRefused, VersionRefused, owner_side, peer_process
+from .handshake import ProofRefused, VersionRefused, owner_side, peer_process, turn_away
 from .operations import OPERATIONS, ROTATE_KEY, ProtocolError
 from .orphans import watch_parent
 from .protocol import (
@@ -48,6 +50,7 @@ connections = logging.getLogger("citadeldb_openai_agents.connections")
 
 HANDSHAKE_SECONDS = 5.0  # a peer must prove itself and say hello within this, or it is dropped
 MAX_HANDSHAKES = 32  # peers not yet authenticated at once; more are closed on arrival
+MAX_HANDSHAKES_PER_PROCESS = 4  # of one process (a client opens at most 2 at once: client.py)
 _servers: weakref.WeakSet[Server] = weakref.WeakSet()  # this process's, for `_after_fork_in_child`
 
 
@@ -63,10 +66,13 @@ class Server:
         self._closed = threading.Event()
         self._peers: set[socket.socket] = set()  # every accepted peer, for close and fork
         self._handshaking = 0
+        self._handshaking_by: dict[int, int] = {}  # peers in their handshake, by process id
         self._authenticated = 0
         self._busy: dict[Channel, float] = {}  # channels with a call running, since when
         self._lock = threading.Lock()
         self._refusals = _Throttle("refused a peer of %s", file.path)
+        # Its own limit: a flood turned away must not crowd out the other refusals' lines, nor they it.
+        self._turned_away = _Throttle("turned away a peer of %s", file.path)
         self._failed_accepts = _Throttle("could not accept a client on %s", address)
         self._listener = _listen(address)
         # Written to by `close`, so the accept thread's wait ends at once (a closed listener
@@ -138,12 +144,16 @@ class Server:
             # moment closes every connection of this server (`_after_fork_in_child`).
             with self._lock:
                 peer, _ = self._listener.accept()
-                if self._handshaking >= MAX_HANDSHAKES:
+                process = _peer(peer)
+                full = self._full(process[0])
+                if full:
+                    turn_away(peer)
                     peer.close()
-                    self._refusals.note(f"{MAX_HANDSHAKES} peers are already in their handshake")
+                    self._turned_away.note(full)
                     return 0.0
                 self._peers.add(peer)
                 self._handshaking += 1
+                self._handshaking_by[process[0]] = self._handshaking_by.get(process[0], 0) + 1
         except BlockingIOError:
             return 0.0  # the peer gave up before it was accepted
         except OSError as exc:
@@ -152,17 +162,28 @@ class Server:
             # Out of descriptors, or the peer aborted: this peer is lost, not the server.
             self._failed_accepts.note(f"{exc.strerror or exc}; still serving")
             return min(1.0, max(0.05, pause * 2))
-        threading.Thread(target=self._serve, args=(peer,), name="citadel-client", daemon=True).start()
+        threading.Thread(target=self._serve, args=(peer, process), name="citadel-client", daemon=True).start()
         return 0.0
 
-    def _serve(self, peer: socket.socket) -> None:
+    def _full(self, pid: int) -> str | None:
+        """Why a new peer of process `pid` is turned away (too many in their handshake), or None."""
+        if self._handshaking >= MAX_HANDSHAKES:
+            return f"{MAX_HANDSHAKES} peers are already in their handshake"
+        if self._handshaking_by.get(pid, 0) >= MAX_HANDSHAKES_PER_PROCESS:
+            return f"PID {pid} has {MAX_HANDSHAKES_PER_PROCESS} peers in their handshake already"
+        return None
+
+    def _serve(self, peer: socket.socket, process: tuple[int, int]) -> None:
         channel = Channel(peer)
         authenticated = False
         who = "a local process"
         try:
-            hello, who = self._handshake(channel, peer)
+            hello, who = self._handshake(channel, process)
             with self._lock:
                 self._handshaking -= 1
+                left = self._handshaking_by.pop(process[0]) - 1
+                if left:
+                    self._handshaking_by[process[0]] = left
                 authenticated = hello is not None
                 self._authenticated += authenticated
             if hello is not None:
@@ -180,13 +201,11 @@ class Server:
                     self._authenticated -= 1
             peer.close()
 
-    def _handshake(self, channel: Channel, peer: socket.socket) -> tuple[ClientHello | None, str]:
+    def _handshake(self, channel: Channel, process: tuple[int, int]) -> tuple[ClientHello | None, str]:
         """Authenticate the peer both ways, then exchange hellos; (None, who) for a peer refused."""
-        self._key.derive()  # at the first peer only (~0.5 s): not counted against the peer's time
+        self._key.derive()  # at the first peer only (~0.65 s): not counted against the peer's time
         deadline = time.monotonic() + HANDSHAKE_SECONDS
-        pid, uid = 0, os.getuid()
-        with contextlib.suppress(OSError):
-            pid, uid = peer_process(peer) or (pid, uid)
+        pid, uid = process
         who = f"PID {pid}" if uid == os.getuid() else f"PID {pid} (uid {uid})"
         try:
             if uid != os.getuid():
@@ -259,6 +278,15 @@ class Server:
         for channel in busy:
             with contextlib.suppress(OSError, ProtocolError):
                 channel.send(["alive"], wait=False)  # never behind a reply being sent
+
+
+def _peer(peer: socket.socket) -> tuple[int, int]:
+    """The peer's (pid, uid) as the kernel reports it; (0, this user) where it does not say."""
+    with contextlib.suppress(OSError):
+        found = peer_process(peer)
+        if found is not None:
+            return found
+    return 0, os.getuid()
 
 
 def _is_call(message: Any) -> bool:

@@ -43,7 +43,7 @@ from .address import Secret, SocketKey
 from .handover import HANDOVER_SECONDS, Opening, attach
 from .modes import KeepToSelf, Mode, ServeToOthers
 from .operations import Operation
-from .refusals import ROTATION_SECONDS, rotated_elsewhere
+from .refusals import ROTATION_SECONDS, in_flight_unknown, rotated_elsewhere
 from .transport import LocalTransport, OwnerGone, Transport
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ class SharedFile:
         del key  # error trackers record a failed frame's locals
         resolved = resolve_path(path)
         self._opening = Opening(path, resolved, passphrase, embedder, options, create, adopt)
-        self._socket_key = SocketKey(passphrase, resolved)
+        self._socket_key = SocketKey(passphrase, resolved, options.socket_dir)
         self._mode: Mode = ServeToOthers(self._socket_key) if serve else KeepToSelf()
         self._lock = threading.Lock()
         self._ring = ring
@@ -277,9 +277,28 @@ class SharedFile:
                     # Counted from this call's first failure, not once it gets the lock: calls queued
                     # behind another's handover that found no owner must not each wait anew.
                     deadline = time.monotonic() + HANDOVER_SECONDS
-                self._replace(transport, deadline)
+                self._take_over(operation, transport, deadline, dropped_by, writes=noted is not None)
                 if noted:
                     raise _GoneAfterNote() from None
+
+    def _take_over(
+        self,
+        operation: Operation[Any],
+        transport: Transport | None,
+        deadline: float,
+        dropped_by: int | None,
+        *,
+        writes: bool,
+    ) -> None:
+        """`_replace` after the owner died during `operation`: a takeover refused for a rotated
+        passphrase, with a write in flight (`operation.batched`, or `writes`), says that write may
+        be stored, for it is never sent again now and the caller must not take it for lost."""
+        try:
+            self._replace(transport, deadline)
+        except WrongPassphraseError as refused:
+            if not (operation.batched or writes):
+                raise
+            raise in_flight_unknown(refused, operation.name, dropped_by) from None
 
     def _replace(self, transport: Transport | None, deadline: float) -> None:
         """Attach again in place of `transport`, unless another call of this store did already."""

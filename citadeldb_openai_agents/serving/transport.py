@@ -23,6 +23,11 @@ class OwnerGone(Exception):
     """No process serves the file at the address (any more): the caller takes it over, or waits."""
 
 
+class OwnerBusy(OwnerGone):
+    """The owner answered but turned this process away (too many peers in their handshake with it):
+    it is alive, not stuck, and nothing was sent to it. The caller waits and tries again."""
+
+
 class Transport(Protocol):
     """Where a store's operations run."""
 
