@@ -1,7 +1,7 @@
 """`rotate-key` on a file that is being served, under load: no request fails, no turn is lost.
 
 Real processes on one file: an owner, three clients writing turns as fast as they can (their
-passphrase from a key file), one client whose passphrase came from CITADEL_KEY. The key is
+passphrase from a key file, or from a command that prints it), one client whose passphrase came from CITADEL_KEY. The key is
 rotated twice with the command while they write, each time followed by the operator's next
 step (the new passphrase written into the key file). After the second rotation the owner is
 SIGKILLed before that step, so every client must wait for its key file to give the new
@@ -10,14 +10,17 @@ passphrase, then open the file or prove itself to the next owner with it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -120,7 +123,13 @@ def test_rotate_key_twice_under_a_served_load_and_a_takeover_loses_nothing(
     env = {k: v for k, v in os.environ.items() if not k.startswith("CITADEL_")}
     owner = start(OWNER, env=env, cwd=tmp_path)
     stop = tmp_path / "stop"
-    writers = [start(WRITER, f"load-{n}", str(stop), env=env, cwd=tmp_path) for n in range(3)]
+    # Two read the key file named in the TOML file; the third runs a command that prints it (a
+    # secret manager's stand-in), named by CITADEL_KEY_COMMAND, which ranks above the TOML file.
+    from_command = {**env, "CITADEL_KEY_COMMAND": json.dumps(["cat", str(key_file)])}
+    writers = [
+        start(WRITER, f"load-{n}", str(stop), env=from_command if n == 2 else env, cwd=tmp_path)
+        for n in range(3)
+    ]
     # Its passphrase from the environment: it cannot read a new one by itself.
     from_env = {**env, "CITADEL_KEY": KEYS[0], "CITADEL_PATH": str(tmp_path / "agent.cdl")}
     env_writer = start(WRITER, "from-env", str(stop), env=from_env, cwd=tmp_path.parent)
@@ -164,7 +173,11 @@ def test_rotate_key_twice_under_a_served_load_and_a_takeover_loses_nothing(
             items = store.export(f"load-{n}")
             assert len(items) == TURN * report["turns"], (n, report)  # every turn, once
             assert items[-1]["content"] == f"load-{n} reply {report['turns'] - 1}"
-        assert len(store.export("from-env")) == TURN * env_report["turns"]
+        # Its every acknowledged turn, once; the turn in flight when the owner died is there too
+        # only if the owner stored it first, which no one can tell that client: its error says so.
+        stored, acknowledged = len(store.export("from-env")), TURN * env_report["turns"]
+        unknown = "may or may not have been stored" in env_report["error"]
+        assert stored == acknowledged or (unknown and stored == acknowledged + TURN), (stored, env_report)
     print(f"rotate-key (the whole command) took {', '.join(f'{b - a:.2f} s' for a, b in windows)}")
     print(
         f"longest pause between two turns of one writer, during a rotation: {pause(reports, windows):.3f} s"
@@ -183,3 +196,53 @@ def pause(reports: list[dict[str, object]], windows: list[tuple[float, float]]) 
         if any(earlier < end and later > start for start, end in windows)
     ]
     return max(gaps, default=0.0)
+
+
+def test_a_write_in_flight_when_the_owner_dies_after_a_rotation_is_told_unknown(
+    clean_environment: None, tmp_path: Path
+) -> None:
+    """A client given its passphrase by key= keeps writing through a rotation on the connection it
+    made; when the owner dies with its write unanswered, the takeover cannot open the file, and the
+    error says the write may or may not be stored (never sent again, never silently taken as lost)."""
+    (tmp_path / "citadel.toml").write_text(
+        'path = "agent.cdl"\nkey_file = "citadel.key"\nargon2_profile = "iot"\n'
+    )
+    key_file = tmp_path / "citadel.key"
+    write_key(key_file, KEYS[0])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CITADEL_")}
+    owner = start(OWNER, env=env, cwd=tmp_path)
+    try:
+        with CitadelSessionStore(tmp_path / "agent.cdl", KEYS[0], argon2_profile="iot") as client:
+            assert client.served_by == owner.pid
+            session = client.session("in-flight")
+            asyncio.run(session.add_items([{"role": "user", "content": "before"}]))
+            rotate(tmp_path, KEYS[1], env)
+            asyncio.run(session.add_items([{"role": "user", "content": "after the rotation"}]))
+            owner.send_signal(signal.SIGSTOP)  # the next write is sent, and never answered
+            failed: list[BaseException] = []
+            writer = threading.Thread(
+                target=lambda: _caught(failed, session.add_items([{"role": "user", "content": "in flight"}]))
+            )
+            writer.start()
+            time.sleep(0.5)
+            owner.send_signal(signal.SIGKILL)
+            owner.wait(timeout=30)
+            writer.join(timeout=60)
+            assert len(failed) == 1 and isinstance(failed[0], WrongPassphraseError), failed
+            message = str(failed[0])
+            assert "was changed (rotate-key)" in message and "restart this process" in message
+            assert "add_items" in message or "append" in message, message
+            assert "may or may not have been stored" in message and f"process {owner.pid}" in message
+            assert not any(key in message for key in KEYS)
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+    with CitadelSessionStore(tmp_path / "agent.cdl", KEYS[1], serve=False) as store:
+        assert [item["content"] for item in store.export("in-flight")] == ["before", "after the rotation"]
+
+
+def _caught(failed: list[BaseException], write: Any) -> None:
+    try:
+        asyncio.run(write)
+    except BaseException as exc:  # the thread's outcome, for the test to judge
+        failed.append(exc)
