@@ -42,7 +42,7 @@ from .migration.backups import restore_sessions
 from .migration.copy import copy_session
 from .migration.files import export_all, export_fleet, export_sqlite, import_file
 from .migration.original_files import import_original
-from .offline import reembed, repair_file, restore_backup, verify_file
+from .offline import file_status, reembed, repair_file, restore_backup, verify_file
 from .results import (
     EndedSession,
     Erasure,
@@ -51,11 +51,13 @@ from .results import (
     ImportReport,
     ImportSummary,
     IntegrityReport,
+    LastErasure,
     LockHolder,
     MoveSummary,
     OriginalImportReport,
     OwnerErasure,
     OwnerHit,
+    OwnerStatus,
     PageLayout,
     PurgeReport,
     ReembedSummary,
@@ -66,6 +68,7 @@ from .results import (
     SessionsRestoreReport,
     SessionSummary,
     SourceErasure,
+    StatusReport,
 )
 from .session import CitadelSession, CitadelSessionStore
 from .shards import read_ring_file, shard_for, write_ring_file
@@ -100,6 +103,7 @@ __all__ = [
     "InvalidItemError",
     "InvalidLabelsError",
     "InvalidOwnerError",
+    "LastErasure",
     "LedgerError",
     "LegacyEmbedderAdapter",
     "LockHolder",
@@ -112,6 +116,7 @@ __all__ = [
     "OwnerHit",
     "OwnerMismatchError",
     "OwnerNotFoundError",
+    "OwnerStatus",
     "PageLayout",
     "PurgeReport",
     "ReembedSummary",
@@ -128,6 +133,7 @@ __all__ = [
     "SessionsRestoreReport",
     "ShardMovingError",
     "SourceErasure",
+    "StatusReport",
     "StorageError",
     "WrongPassphraseError",
     "WrongShardError",
@@ -135,6 +141,7 @@ __all__ = [
     "export_all",
     "export_fleet",
     "export_sqlite",
+    "file_status",
     "from_config",
     "import_file",
     "import_original",

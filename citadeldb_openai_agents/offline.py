@@ -10,9 +10,20 @@ from .embedders.protocol import Embedder
 from .embedders.providers import resolve_embedder
 from .errors import KEY_ARGUMENT, WrongPassphraseError
 from .options import Argon2Profile, StoreOptions, SyncMode, check_passphrase
-from .results import IntegrityReport, Progress, ReembedSummary, RepairReport, RestoreReport, SessionLoss
+from .results import (
+    IntegrityReport,
+    Progress,
+    ReembedSummary,
+    RepairReport,
+    RestoreReport,
+    SessionLoss,
+    StatusReport,
+)
+from .serving import operations as ops
+from .serving.asking import ask_owner
 from .storage import inspection, local_file
 from .storage.codec import decode_item
+from .storage.file_status import at_rest as file_status_at_rest
 from .storage.ledger import LedgerHead
 from .storage.repair import Fill, Refill, refills, repair
 from .storage.restore import restore
@@ -33,6 +44,34 @@ def verify_file(path: str | os.PathLike[str], key: str) -> IntegrityReport:
         wrong = exc.came_from(KEY_ARGUMENT)  # raised below, as CitadelSessionStore.__init__ does
     finally:
         del key  # as in CitadelSessionStore.__init__: a failed frame's locals are recorded
+    raise wrong from None
+
+
+def file_status(
+    path: str | os.PathLike[str], key: str, *, options: StoreOptions | None = None
+) -> StatusReport:
+    """What `status` shows of a file, changing nothing and never becoming its owner.
+
+    Asked of the process that serves the file (its pid, uptime, clients and socket, what its
+    memory keeps of its erasures, retention's backlog); when none serves it, read at rest
+    without opening it for use: Citadel's audit entry for the open is the only write. A file
+    held by a process that does not serve it raises `DatabaseLockedError` naming it. `options`
+    gives the rules that end a session (``ttl_mode``, ``idle_ttl``) and ``socket_dir``, as the
+    processes on the file have them.
+    """
+    given = options or StoreOptions()
+    try:
+        check_passphrase(key)
+        found = ask_owner(path, key, given, ops.STATUS)
+        if found is None:
+            return file_status_at_rest(path, key, given)
+        if found.owner is not None:  # the owner counts the process asking: the others are shown
+            found = replace(found, owner=replace(found.owner, clients=max(0, found.owner.clients - 1)))
+        return found
+    except WrongPassphraseError as exc:
+        wrong = exc.came_from(KEY_ARGUMENT)
+    finally:
+        del key
     raise wrong from None
 
 

@@ -31,6 +31,8 @@ class Erasure:
     reports it ``missing`` (no row, no key). `ledger_entries` are the numbers, in this
     file's chain of the erasure ledger at `ledger`, of the entries that record the erasure
     (what a restore replays); both are empty when no `erasure_ledger` is configured.
+    `receipt_id` names this receipt in the log line the erasure wrote (``citadel_receipt``),
+    so an auditor can match the two.
     """
 
     items_erased: int
@@ -39,6 +41,7 @@ class Erasure:
     readback_confirmed: bool
     ledger: str | None = None
     ledger_entries: tuple[int, ...] = ()
+    receipt_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -50,14 +53,22 @@ class EndedSession:
     rule: str
     erasure: Erasure
     branch: str = "main"  # each branch ends by its own writes
+    at: float | None = None  # when it was erased (seconds since the epoch)
 
 
 @dataclass(frozen=True)
 class PurgeReport:
-    """What `purge` erased: items past their own TTL one by one, and whole sessions that ended."""
+    """What `purge` erased: items past their own TTL one by one, and whole sessions that ended.
+
+    `swept` is what retention erased by itself since the last purge, each with its receipt:
+    sessions the owner's sweep found ended, or a call found ended before it read them (kept by
+    the owner that erased them; a new owner starts with none). `items_erased` counts only what
+    this purge erased.
+    """
 
     expired_items: int
     ended: list[EndedSession] = field(default_factory=list)
+    swept: list[EndedSession] = field(default_factory=list)
 
     @property
     def items_erased(self) -> int:
@@ -446,3 +457,55 @@ class SessionsRestoreReport:
     skipped: dict[str, str]
     erased: dict[str, int]
     ledger: str | None
+
+
+@dataclass(frozen=True)
+class OwnerStatus:
+    """The process that owns and serves a file: its pid, since when it serves it (seconds since the
+    epoch), the clients connected now, and its socket."""
+
+    pid: int
+    serving_since: float
+    clients: int
+    socket: str
+
+
+@dataclass(frozen=True)
+class LastErasure:
+    """The newest erasure the owner made since it opened the file: when (seconds since the epoch),
+    why (erase, retention, move...), and its receipt."""
+
+    at: float
+    cause: str
+    receipt: Erasure
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    """What `status` shows of a file (`status_from_config`, ``python -m citadeldb_openai_agents status``).
+
+    `owner` is None when no process serves the file: it was then read without being opened
+    for use (only Citadel's audit entry for the open is written), and what only an owner keeps
+    in memory (`last_erasure`, `retention_erased`, `swept_waiting`) is None. `ledger_head` is
+    the erasure ledger's newest entry the file records. `last_verify` is the newest `verify`
+    run through a store on this file: (when, ok). `expired_items` are items past their TTL
+    still stored until a purge (Citadel hides them); `ended_sessions`, sessions past their
+    TTL (session mode) or idle time not yet erased: retention's backlog. `swept_waiting`: the
+    receipts of what retention erased by itself, kept for the next `purge` to report.
+    """
+
+    path: str
+    owner: OwnerStatus | None
+    sessions: int
+    items: int
+    last_erasure: LastErasure | None
+    ledger_head: int | None
+    last_verify: tuple[float, bool] | None
+    expired_items: int
+    ended_sessions: int
+    retention_erased: int | None = None
+    swept_waiting: int | None = None
+    ledger: str | None = None  # the configured erasure ledger, if any
+    shard: str | None = None  # this configuration's shard of a fleet
+    ring: tuple[str, ...] | None = None  # the ring it follows
+    moving_from: tuple[str, ...] | None = None  # the ring before a change under way

@@ -19,6 +19,7 @@ from .original_api import refuse_region
 from .people import check_labels, check_owner, owner_by_pattern
 from .results import Erasure, HistoryHit
 from .store import FileStore
+from .telemetry import given, returned, traced
 
 if TYPE_CHECKING:
     from agents import FunctionTool, RunContextWrapper
@@ -131,6 +132,7 @@ class CitadelSession:
         """The store this session's items live in."""
         return self._store
 
+    @traced("get_items", counted=returned)
     async def get_items(
         self,
         limit: int | None = None,
@@ -156,6 +158,7 @@ class CitadelSession:
             return []
         return await asyncio.to_thread(self._history.get_items, resolved, branch_id)
 
+    @traced("add_items", counted=given)
     async def add_items(
         self, items: list[TResponseInputItem], *, wrapper: RunContextWrapper[Any] | None = None
     ) -> None:
@@ -175,16 +178,19 @@ class CitadelSession:
         """The most items this session keeps: its own cap, else its store's; None: no cap."""
         return self._max_items if self._max_items is not None else self._store.max_items
 
+    @traced("pop_item", counted=lambda args, popped: int(popped is not None))
     async def pop_item(self, *, wrapper: RunContextWrapper[Any] | None = None) -> TResponseInputItem | None:
         """Remove the newest item, erasing its key, and return it (None when empty)."""
         self._check_open(wrapper)
         return await complete_despite_cancellation(asyncio.to_thread(self._history.pop_item))
 
+    @traced("clear_session")
     async def clear_session(self, *, wrapper: RunContextWrapper[Any] | None = None) -> None:
         """Remove every item of this session, erasing their keys."""
         self._check_open(wrapper)
         await complete_despite_cancellation(asyncio.to_thread(self._history.clear))
 
+    @traced("search", counted=returned)
     async def search(self, query: str, *, limit: int = 5) -> list[TResponseInputItem]:
         """This session's items most relevant to `query`, best first.
 
@@ -202,6 +208,7 @@ class CitadelSession:
             return []
         return await asyncio.to_thread(self._history.search, query, limit)
 
+    @traced("compaction_snapshot")
     async def _get_compaction_snapshot(
         self, limit: Any, *args: Any, prune_prefix: Any = None, **kwargs: Any
     ) -> Any:
@@ -218,6 +225,7 @@ class CitadelSession:
         unexpected = bool(args or kwargs)
         return await self._history.compaction_snapshot(limit, prune_prefix, unexpected)
 
+    @traced("replace_items", counted=given)
     async def _atomic_replace_items(self, items: list[TResponseInputItem]) -> bool:
         """The SDK's private hook for a manual ``run_compaction()``: every item replaced at once, crash-safe."""
         self._check_open()
@@ -258,11 +266,13 @@ class CitadelSession:
             limit=limit,
         )
 
+    @traced("search_tool", counted=lambda args, found: len(found[0]))
     async def _search_placed(self, query: str, limit: int) -> tuple[list[HistoryHit], int]:
         """The search tool's hits, with their positions, and how many items the session holds."""
         self._check_open()
         return await asyncio.to_thread(self._history.search_with_positions, query, limit)
 
+    @traced("ping")
     async def ping(self) -> bool:
         """Whether the file answers (here, or through the process that owns it), as the SDK's
         network sessions' ``ping`` says whether their server does.
@@ -286,6 +296,7 @@ class CitadelSession:
         """The branch `add_items`, `pop_item` and reads without ``branch_id`` use ("main" at first)."""
         return self._history.branch
 
+    @traced("create_branch_from_turn")
     async def create_branch_from_turn(self, turn_number: int, branch_name: str | None = None) -> str:
         """Copy the current branch's items before user turn `turn_number` into a new branch, and
         switch to it; return its name (`branch_name`, never one used before in this session, or
@@ -299,6 +310,7 @@ class CitadelSession:
             asyncio.to_thread(self._history.create_branch, turn_number, branch_name)
         )
 
+    @traced("create_branch_from_content")
     async def create_branch_from_content(self, search_term: str, branch_name: str | None = None) -> str:
         """`create_branch_from_turn` from the first user turn of the current branch holding `search_term`."""
         matching = await self.find_turns_by_content(search_term)
@@ -306,11 +318,13 @@ class CitadelSession:
             raise BranchError(f"No user turns found containing '{search_term}'")
         return await self.create_branch_from_turn(matching[0]["turn"], branch_name)
 
+    @traced("switch_to_branch")
     async def switch_to_branch(self, branch_id: str) -> None:
         """Make `branch_id` the current branch (`BranchError` if it holds no item)."""
         self._check_open()
         await asyncio.to_thread(self._history.switch, branch_id)
 
+    @traced("delete_branch")
     async def delete_branch(self, branch_id: str, force: bool = False) -> Erasure:
         """Erase a branch, keys destroyed, and return the receipt; its name stays used.
 
@@ -323,18 +337,21 @@ class CitadelSession:
             asyncio.to_thread(self._history.delete_branch, branch_id, force)
         )
 
+    @traced("list_branches")
     async def list_branches(self) -> list[dict[str, Any]]:
         """Each branch holding items: ``branch_id``, ``message_count``, ``user_turns``,
         ``is_current``, ``created_at`` (UTC, as SQLite writes it), the oldest first."""
         self._check_open()
         return await asyncio.to_thread(self._history.list_branches)
 
+    @traced("get_conversation_turns")
     async def get_conversation_turns(self, branch_id: str | None = None) -> list[dict[str, Any]]:
         """Each user turn of a branch (None: the current one): ``turn``, ``content`` (cut at 100
         characters), ``full_content``, ``timestamp``, ``can_branch``."""
         self._check_open()
         return await asyncio.to_thread(self._history.conversation_turns, branch_id)
 
+    @traced("find_turns_by_content")
     async def find_turns_by_content(
         self, search_term: str, branch_id: str | None = None
     ) -> list[dict[str, Any]]:
@@ -342,6 +359,7 @@ class CitadelSession:
         self._check_open()
         return await asyncio.to_thread(self._history.find_turns, search_term, branch_id)
 
+    @traced("get_conversation_by_turns")
     async def get_conversation_by_turns(
         self, branch_id: str | None = None
     ) -> dict[int, list[dict[str, str | None]]]:
@@ -349,11 +367,13 @@ class CitadelSession:
         self._check_open()
         return await asyncio.to_thread(self._history.by_turns, branch_id)
 
+    @traced("get_tool_usage")
     async def get_tool_usage(self, branch_id: str | None = None) -> list[tuple[str | None, int, int]]:
         """(tool name, calls, turn) for each tool called in each turn of a branch, by turn."""
         self._check_open()
         return await asyncio.to_thread(self._history.tool_usage, branch_id)
 
+    @traced("store_run_usage")
     async def store_run_usage(self, result: Any) -> None:
         """Keep a run's usage (``result.context_wrapper.usage``) as the current turn's, encrypted.
 
@@ -367,12 +387,14 @@ class CitadelSession:
         except Exception as exc:
             logger.error("failed to store the session's usage: %s: %s", type(exc).__name__, exc)
 
+    @traced("get_session_usage")
     async def get_session_usage(self, branch_id: str | None = None) -> dict[str, int] | None:
         """Every stored turn's usage added up (``requests``, the token counts, ``total_turns``), of
         one branch or (None) of all; None when none is stored."""
         self._check_open()
         return await asyncio.to_thread(self._history.session_usage, branch_id)
 
+    @traced("get_turn_usage")
     async def get_turn_usage(
         self, user_turn_number: int | None = None, branch_id: str | None = None
     ) -> list[dict[str, Any]] | dict[str, Any]:
@@ -404,6 +426,10 @@ class CitadelSession:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+    def _telemetry(self) -> tuple[str, str, str | None]:
+        """Its store's, for its spans (telemetry/): never the session's id."""
+        return self._store._telemetry()
 
     def _check_open(self, wrapper: RunContextWrapper[Any] | None = None) -> None:
         # First: in a forked child, closed or not, the answer is the fork and its fix (the

@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from . import telemetry
 from .errors import ConfigurationError, ShardMovingError, WrongShardError
 
 if sys.version_info >= (3, 11):
@@ -177,6 +178,8 @@ class RingFile:
         if cached is not None and cached[0] == identity:
             return cached[1]
         ring = self._read()
+        if cached is not None and (cached[1].shards, cached[1].previous) != (ring.shards, ring.previous):
+            telemetry.events.ring_changed(self.path, ring.shards, ring.previous or ())  # once per process
         self._cached = (identity, ring)
         return ring
 

@@ -44,6 +44,7 @@ from .shards import Ring, RingFile
 from .storage.codec import decode_item, decode_items, encode_batch, search_text
 from .storage.records import MAIN
 from .storage.segments import key_of
+from .telemetry import returned, traced
 from .transfer.chunks import IMPORT_MODES, ImportMode, import_chunks
 from .transfer.moves import move_sessions
 
@@ -115,6 +116,10 @@ class FileStore(OriginalStoreApi):
         """The resolved path of the database file."""
         return self._file.path
 
+    def _telemetry(self) -> tuple[str, str, str | None]:
+        """What this store's spans say of it: its file, this process's role, its shard (telemetry/)."""
+        return self._file.path, "owner" if self._file.served_by is None else "client", self._file.shard
+
     @property
     def ttl(self) -> float | None:
         """Seconds an item lives after it is written, or None (the owner's, when adopted)."""
@@ -162,11 +167,13 @@ class FileStore(OriginalStoreApi):
         self._check_open()
         return self._file.call(ops.LEDGER_HEAD)
 
+    @traced("session_ids", counted=returned)
     def session_ids(self) -> list[str]:
         """The ids of the sessions holding at least one live item, sorted."""
         self._check_open()
         return self._file.call(ops.SESSION_IDS)
 
+    @traced("purge")
     def purge(self, *, progress: Progress | None = None) -> PurgeReport:
         """Erase now (keys destroyed) what has expired: each session that ended (`ttl` in session
         mode, or `idle_ttl`), with its receipt, then every item past its own `ttl`.
@@ -180,6 +187,7 @@ class FileStore(OriginalStoreApi):
         """`purge`, returning only how many items it erased (those of the sessions that ended too)."""
         return self.purge(progress=progress).items_erased
 
+    @traced("erase_session")
     def erase_session(self, session_id: str) -> Erasure:
         """Erase a session's items (keys destroyed) and return Citadel's evidence: the erasure of
         `CitadelSession.clear_session`, plus a readback in which Citadel calls each erased item
@@ -194,6 +202,7 @@ class FileStore(OriginalStoreApi):
             raise self._not_found(session_id)
         return erasure
 
+    @traced("erase_sessions")
     def erase_sessions(
         self, session_ids: list[str], *, confirm: Callable[[dict[str, int]], None] | None = None
     ) -> list[tuple[str, Erasure]]:
@@ -216,6 +225,7 @@ class FileStore(OriginalStoreApi):
             confirm({session_id: found[0] for session_id, found in counts.items() if found is not None})
         return [(session_id, self.erase_session(session_id)) for session_id in ids]
 
+    @traced("sessions", counted=returned)
     def sessions(self, *, owner: str | None = None, owned: bool | None = None) -> list[SessionSummary]:
         """Every session holding a live item: its id, item count, first and last write, owner.
         `owner` lists only that person's sessions; `owned=False` those that have no owner
@@ -226,6 +236,7 @@ class FileStore(OriginalStoreApi):
             owner = check_owner(owner, "sessions' owner=")
         return [SessionSummary.from_micros(*found) for found in self._file.call(ops.SUMMARIES, owner, owned)]
 
+    @traced("set_owner")
     def set_owner(self, session_ids: str | list[str], owner: str) -> list[str]:
         """Record `owner` as the owner of each session (a session changes owner only this way, or
         with `owner set`); returns the ids whose owner changed. Every id is checked first:
@@ -238,6 +249,7 @@ class FileStore(OriginalStoreApi):
             raise self._not_found(*unknown, done="no owner was changed.")
         return [sid for sid in ids if self._file.call(ops.SET_OWNER, sid, owner) == "changed"]
 
+    @traced("search_owner", counted=returned)
     def search(self, query: str, *, owner: str, limit: int = 10) -> list[OwnerHit]:
         """The `limit` items best matching `query` over every session of one person, best first,
         each naming its session and its position there: what this person said in any of their
@@ -253,6 +265,7 @@ class FileStore(OriginalStoreApi):
             for sid, payload, position in found
         ]
 
+    @traced("apply_owner_pattern")
     def apply_owner_pattern(self, *, dry_run: bool = False) -> dict[str, str]:
         """Record, for each session that has no owner, the one `owner_pattern` finds in its id;
         return each session id changed (or, `dry_run`, that would change) with its owner. A
@@ -279,6 +292,7 @@ class FileStore(OriginalStoreApi):
             changed[session_id] = owner
         return changed
 
+    @traced("erase_owner")
     def erase_owner(self, owner: str, *, progress: Progress | None = None) -> OwnerErasure:
         """Erase every session of one person (a GDPR art. 17 / CCPA deletion request), keys
         destroyed, each with Citadel's readback; one receipt for the person.
@@ -311,6 +325,7 @@ class FileStore(OriginalStoreApi):
             progress(len(session_ids), len(session_ids))
         return OwnerErasure(owner, receipts, already_complete=not session_ids)
 
+    @traced("summary")
     def summary(self, session_id: str) -> SessionSummary | None:
         """One session's item count, first and last write and owner; None when it holds no live item."""
         self._check_open()
@@ -319,6 +334,8 @@ class FileStore(OriginalStoreApi):
             return None
         return SessionSummary.from_micros(session_id, *found, *self._file.call(ops.ABOUT, session_id))
 
+    # Not traced here: a wrapper's frame would hold both passphrases (its operation's span is made
+    # where the file is, telemetry/spans.py, from a frame that keeps none).
     def rotate_key(self, current_key: str, new_key: str) -> None:
         """Change the file's passphrase; every session stays readable with the new one only.
 
@@ -346,12 +363,14 @@ class FileStore(OriginalStoreApi):
         the store raises `WrongPassphraseError` naming the rotation. `from_config` sets it."""
         self._file.follow_rotation(reread, source)
 
+    @traced("backup")
     def backup(self, destination: str | os.PathLike[str], *, progress: Progress | None = None) -> list[str]:
         """Write a consistent copy of the file and its companions; return their paths. Refuses a
         destination that exists. Later erasures reach it through `erasure_ledger` and `restore_backup`."""
         self._check_open()
         return self._file.backup(destination, progress)
 
+    @traced("verify")
     def verify(self, *, progress: Progress | None = None) -> IntegrityReport:
         """Check the file: Citadel's page check, the audit log's chain, and every session.
 
@@ -365,6 +384,7 @@ class FileStore(OriginalStoreApi):
 
     # -- whole sessions in and out: export, import, move (transfer/) --
 
+    @traced("export", counted=returned)
     def export(self, session_id: str, *, progress: Progress | None = None) -> list[Any]:
         """A session's items, oldest first, exactly as stored (for a data-access request);
         `progress(done, total)` after each of its segments (256 items). Raises
@@ -375,6 +395,7 @@ class FileStore(OriginalStoreApi):
             raise self._not_found(session_id)
         return items
 
+    @traced("import_items", counted=lambda args, summary: summary.written)
     def import_items(
         self,
         session_id: str,
@@ -418,6 +439,7 @@ class FileStore(OriginalStoreApi):
         own = None if expires_at is None else list(expires_at)
         return import_chunks(self._file, session_id, batch, mode, expiry, progress, branch, own)
 
+    @traced("import_usage")
     def import_usage(
         self,
         session_id: str,
@@ -437,6 +459,7 @@ class FileStore(OriginalStoreApi):
             for branch, turn, used in usage
         )
 
+    @traced("export_session")
     def export_session(self, session_id: str) -> SessionExport:
         """A session whole (a data-access request): every branch's items with when each was written,
         every turn's usage stored, and every branch name the session used.
@@ -455,6 +478,7 @@ class FileStore(OriginalStoreApi):
         usage = self._file.call(ops.USAGE, session_id, None)
         return SessionExport(session_id, branches, usage, self._file.call(ops.RESERVED, session_id))
 
+    @traced("move_session")
     def move_session(
         self, session_id: str, other: FileStore, *, progress: Progress | None = None
     ) -> MoveSummary:
@@ -471,6 +495,7 @@ class FileStore(OriginalStoreApi):
         """
         return self.move_sessions([session_id], other, progress=progress)[0]
 
+    @traced("move_sessions")
     def move_sessions(
         self, session_ids: list[str], other: FileStore, *, progress: Progress | None = None
     ) -> list[MoveSummary]:

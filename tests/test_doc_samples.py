@@ -4,7 +4,7 @@ Each sample is replayed in a directory set up as the page says (its citadel.toml
 sessions it shows), the command run through the CLI's entry point as the page runs it
 (its variables set), and its output (stdout and stderr, in order) compared with the
 page's, line by line. Only what cannot repeat is masked: the directory (the page's
-`/srv/agent`, `/tmp/mig`, `/srv/agent-app`), times and a file's size. A page line that is
+`/srv/agent`, `/tmp/mig`, `/srv/agent-app`), times, a file's size and an erasure's receipt id. A page line that is
 "..." stands for any lines; one ending in "..." matches any line it begins, and the rest
 of the output is not shown. Samples left out: the prompt of an interactive erase (its
 receipt is checked, run with --yes), `ls -l`, moves (their file sizes and times run
@@ -40,6 +40,7 @@ MOCHI = [
 ]
 TIME = re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(\.\d+)?(\+00:00)?")
 SIZE = re.compile(r"\d+ bytes \([\d.]+ [KMG]?i?B\)")
+RECEIPT = re.compile(r"\b[0-9a-f]{32}\b")  # an erasure's receipt id, random
 
 
 def sample(command: str, nth: int = 0, page: Path = OPERATIONS) -> tuple[list[str], int]:
@@ -90,7 +91,10 @@ def masked(lines: list[str], here: Path | None = None, there: str = "") -> list[
     table's columns are as wide as its longest value: runs of spaces count as two)."""
     if here is not None:
         lines = [line.replace(str(here), there) for line in lines]
-    return [re.sub(" {2,}", "  ", SIZE.sub("<size>", TIME.sub("<time>", line))) for line in lines]
+    return [
+        re.sub(" {2,}", "  ", RECEIPT.sub("<receipt>", SIZE.sub("<size>", TIME.sub("<time>", line))))
+        for line in lines
+    ]
 
 
 def as_shown(printed: list[str], shown: list[str]) -> bool:

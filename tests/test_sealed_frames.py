@@ -123,7 +123,7 @@ def append_call(session_id: str, text: str) -> list[Any]:
         "owner": None,
         "labels": None,
     }
-    return ["call", "append", [session_id, batch, uuid.uuid4().hex, False], False]
+    return ["call", "append", [session_id, batch, uuid.uuid4().hex, False], False, {}]
 
 
 def answer(channel: Channel) -> Any:

@@ -433,9 +433,9 @@ def test_the_owner_reports_progress_only_to_a_caller_that_asks_for_it(
     # each way that a caller with no progress callback only throws away.
     assert service.ask("add alice one") == "added"
     with contextlib.closing(authenticated_peer(db_path, KEY)) as peer:
-        peer.send(["call", "all_items", ["alice"], False])
+        peer.send(["call", "all_items", ["alice"], False, {}])
         assert _replies(peer) == ["ok"]
-        peer.send(["call", "all_items", ["alice"], True])
+        peer.send(["call", "all_items", ["alice"], True, {}])
         assert _replies(peer) == ["progress", "ok"]
 
 
@@ -443,7 +443,7 @@ def test_an_authenticated_peer_that_sends_no_call_is_dropped_and_the_owner_goes_
     service: Service, db_path: Path
 ) -> None:
     with contextlib.closing(authenticated_peer(db_path, KEY)) as peer:
-        peer.send(["call", "all_items", ["alice"]])  # a call as an older version framed it
+        peer.send(["call", "all_items", ["alice"], False])  # a call as protocol 15 framed it
         with pytest.raises(EOFError):
             peer.receive()
     assert service.ask("add alice still serving") == "added"
@@ -470,7 +470,7 @@ def test_a_batch_whose_lists_disagree_is_refused_and_writes_nothing(service: Ser
     not_a_batch = ['"a"']
     for shape in (uneven, not_a_batch):
         with contextlib.closing(authenticated_peer(db_path, KEY)) as peer:
-            peer.send(["call", "append", ["alice", shape, "b" * 32, False], False])
+            peer.send(["call", "append", ["alice", shape, "b" * 32, False], False, {}])
             with pytest.raises(EOFError):
                 peer.receive()
     assert service.ask("count alice") == "1"

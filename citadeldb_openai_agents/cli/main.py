@@ -16,7 +16,7 @@ from typing import Any
 from .. import __version__
 from ..config import CitadelSettings
 from ..errors import CitadelSessionError, ConfigurationError, CorruptDatabaseError, DatabaseLockedError
-from . import commands, migration, moving, owners
+from . import commands, migration, moving, owners, status
 from .opening import Refused
 
 
@@ -280,7 +280,7 @@ def _add_erasures(add: Any, as_json: Any) -> None:
 
 
 def _add_file_operations(add: Any, as_json: Any) -> None:
-    """rotate-key, backup, verify and serve (restore and reembed in `_add_recovery`): the whole file."""
+    """rotate-key, backup, verify, status and serve (restore and reembed in `_add_recovery`): the whole file."""
     rotate = add(
         "rotate-key",
         "change the passphrase; the old one stops opening the file",
@@ -310,13 +310,7 @@ def _add_file_operations(add: Any, as_json: Any) -> None:
     _add_recovery(add, as_json)
     _add_repair(add, as_json)
 
-    add(
-        "verify",
-        "check every page and item for damage or tampering",
-        "store.verify()",
-        "Exit 0 when intact, 1 when damage or tampering is found.",
-        as_json,
-    ).set_defaults(run=commands.verify)
+    _add_watching(add, as_json)
 
     add(
         "serve",
@@ -326,6 +320,26 @@ def _add_file_operations(add: Any, as_json: Any) -> None:
         "that open the file become its clients. Logs clients connecting and leaving to stderr. "
         "Exit 1 if another process already holds the file.",
     ).set_defaults(run=commands.serve)
+
+
+def _add_watching(add: Any, as_json: Any) -> None:
+    """verify (every page and item) and status (what the file and its owner are doing)."""
+    add(
+        "verify",
+        "check every page and item for damage or tampering",
+        "store.verify()",
+        "Exit 0 when intact, 1 when damage or tampering is found. The result is recorded for status.",
+        as_json,
+    ).set_defaults(run=commands.verify)
+
+    add(
+        "status",
+        "the owner, sessions, erasures, ledger, ring, last verify and retention's backlog now",
+        "status_from_config()",
+        "On a served file it asks the owner and never becomes the owner; on a file no process serves, "
+        "it reads it without opening it for use (Citadel's audit entry is the only write). Exit 0.",
+        as_json,
+    ).set_defaults(run=status.status)
 
 
 def _add_recovery(add: Any, as_json: Any) -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from ..options import ENDED_BY
-from ..results import Erasure, MoveSummary, PurgeReport
+from ..results import EndedSession, Erasure, MoveSummary, PurgeReport
 from .opening import Refused
 from .render import count, utc
 
@@ -25,15 +25,33 @@ def receipt_dict(session_id: str, erasure: Erasure, path: str, erased_at: dateti
         "readback_confirmed": erasure.readback_confirmed,
         "erasure_ledger": erasure.ledger,
         "ledger_entries": list(erasure.ledger_entries),
+        "receipt_id": erasure.receipt_id,
     }
 
 
 def purge_dict(report: PurgeReport, path: str, purged_at: datetime) -> dict[str, Any]:
     ended = [
-        {**receipt_dict(s.session_id, s.erasure, path, purged_at), "rule": s.rule, "branch": s.branch}
+        {
+            **receipt_dict(s.session_id, s.erasure, path, _when(s, purged_at)),
+            "rule": s.rule,
+            "branch": s.branch,
+        }
         for s in report.ended
     ]
-    return {"database": path, "expired_items": report.expired_items, "ended_sessions": ended}
+    swept = [
+        {
+            **receipt_dict(s.session_id, s.erasure, path, _when(s, purged_at)),
+            "rule": s.rule,
+            "branch": s.branch,
+        }
+        for s in report.swept
+    ]
+    return {
+        "database": path,
+        "expired_items": report.expired_items,
+        "ended_sessions": ended,
+        "erased_by_retention_since_last_purge": swept,
+    }
 
 
 def print_purge(report: PurgeReport, path: str, purged_at: datetime, ttl: float | None, ends: bool) -> None:
@@ -42,9 +60,25 @@ def print_purge(report: PurgeReport, path: str, purged_at: datetime, ttl: float 
     if report.ended or ends:
         print(f"erased {count(len(report.ended), 'session')} that ended" + (":" if report.ended else ""))
     for session in report.ended:
-        # A branch ends by its own writes: its receipt says which.
-        branch = "" if session.branch == "main" else f" (branch {session.branch!r})"
-        print_receipt(session.session_id, session.erasure, path, purged_at, why=session.rule, branch=branch)
+        _print_ended(session, path, purged_at)
+    if report.swept:
+        # Retention erased these by itself before this purge; their receipts were kept for it.
+        print(f"retention erased {count(len(report.swept), 'session')} by itself since the last purge:")
+        for session in report.swept:
+            _print_ended(session, path, purged_at)
+
+
+def _print_ended(session: EndedSession, path: str, purged_at: datetime) -> None:
+    # A branch ends by its own writes: its receipt says which.
+    branch = "" if session.branch == "main" else f" (branch {session.branch!r})"
+    print_receipt(
+        session.session_id, session.erasure, path, _when(session, purged_at), why=session.rule, branch=branch
+    )
+
+
+def _when(session: EndedSession, purged_at: datetime) -> datetime:
+    """When the session was erased: by retention before the purge, or by the purge."""
+    return purged_at if session.at is None else datetime.fromtimestamp(session.at, timezone.utc)
 
 
 def print_receipt(
@@ -66,6 +100,8 @@ def _print_erasure(erasure: Erasure) -> None:
     else:
         entries = ", ".join(f"#{number}" for number in erasure.ledger_entries) or "none (nothing was stored)"
         print(f"  erasure ledger:     {entries} in {erasure.ledger}")
+    if erasure.receipt_id:  # the id its log line carries (citadel_receipt)
+        print(f"  receipt:            {erasure.receipt_id}")
 
 
 def move_dict(summary: MoveSummary, moved_at: datetime) -> dict[str, Any]:

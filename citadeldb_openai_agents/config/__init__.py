@@ -8,7 +8,7 @@ and `check`.
 * names.py: setting names and their variables; keyfile.py: reading a passphrase file;
 * keycommand.py: running a command that prints the passphrase;
 * taken.py: passphrase variables taken out of the environment, kept in the process;
-* load.py: `from_config` and the other calls that start from the configuration;
+* load.py: `from_config` and the other calls that start from the configuration (`status_from_config`...);
 * check.py: the ``check`` command's report; notices.py: configuration warnings.
 """
 
@@ -26,6 +26,7 @@ from .load import (
     repair_from_config,
     reread_passphrase,
     restore_from_config,
+    status_from_config,
     verify_from_config,
 )
 from .model import CitadelSettings, EmbedderSettings
@@ -60,5 +61,6 @@ __all__ = [
     "restore_from_config",
     "run_key_command",
     "source_passphrase",
+    "status_from_config",
     "verify_from_config",
 ]

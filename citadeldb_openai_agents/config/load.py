@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
 
 from ..embedders.protocol import Embedder
@@ -25,10 +25,11 @@ from ..errors import (
     WrongPassphraseError,
 )
 from ..hints import closest
-from ..offline import reembed, repair_file, restore_backup, verify_file
+from ..offline import file_status, reembed, repair_file, restore_backup, verify_file
 from ..options import FIXED_PER_FILE, StoreOptions
-from ..results import IntegrityReport, Progress, ReembedSummary, RepairReport, RestoreReport
+from ..results import IntegrityReport, Progress, ReembedSummary, RepairReport, RestoreReport, StatusReport
 from ..session import CitadelSessionStore
+from ..shards import read_ring_file
 from ..storage.files import resolve_path
 from .keycommand import run_key_command
 from .keyfile import read_key_file
@@ -112,6 +113,31 @@ def verify_from_config(
     except StorageError as exc:
         told = exc.advising(_VERIFY_FAILED)
     raise told from None
+
+
+def status_from_config(config: ConfigSource = None) -> StatusReport:
+    """`file_status` of the configured file, with the configuration's ledger, shard and ring.
+
+    Asked of the process that serves the file; read at rest when none does (never opened for
+    use, never taken over). Its errors are told in the configuration's terms."""
+    settings = load_settings(config)
+    options = StoreOptions.of(
+        **{option.name: getattr(settings, option.name) for option in fields(StoreOptions)}
+    )
+    if not os.path.exists(resolve_path(settings.path)):
+        raise no_database(settings, existing_only=True)
+    try:
+        report = file_status(settings.path, settings.key.get_secret_value(), options=options)
+    except WrongPassphraseError as exc:
+        wrong = _told_for(settings, exc)
+    else:
+        ring, moving = (
+            (settings.shards, None) if settings.ring_file is None else read_ring_file(settings.ring_file)
+        )
+        ledger = None if settings.erasure_ledger is None else os.fspath(settings.erasure_ledger)
+        shards = None if ring is None else tuple(ring)
+        return replace(report, ledger=ledger, shard=settings.shard, ring=shards, moving_from=moving)
+    raise wrong from None
 
 
 # What verify advises when it cannot inspect the file at all.

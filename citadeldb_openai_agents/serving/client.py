@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Any, TypeVar
 
+from .. import telemetry
 from ..errors import CitadelSessionError, StorageError, WrongPassphraseError
 from ..results import Progress
 from ..storage.lockholder import find_lock_holder
@@ -64,13 +65,14 @@ class RemoteOwner:
     ) -> T:
         """Run `operation(*args)` in the owner; raise what it raised there, or `OwnerGone`.
 
-        What the owner notes before it erases (a pop's item, a clear's newest atom) is
-        passed to `note` as it arrives, so it is known if the owner dies after.
+        What the owner notes before it erases (a pop's item, a clear's newest atom) goes to `note`
+        as it arrives. The call carries the trace context: the owner's span continues the caller's.
         """
         channel = self._take()
         try:
             channel.bound_silence(SILENCE_SECONDS)
-            channel.send(["call", operation.name, [wire_argument(a) for a in args], progress is not None])
+            wired = [wire_argument(a) for a in args], progress is not None, telemetry.carrier()
+            channel.send(["call", operation.name, *wired])
             while True:
                 reply = channel.receive()
                 if not isinstance(reply, list) or not reply:

@@ -36,7 +36,7 @@ from .address import SocketKey
 from .channel import Channel
 from .operations import ProtocolError
 
-VERSION = 15  # 15: the owner sends its socket key's salt (random per file) in its answer, or says it is busy; 14: the erasure ledger's mirror in the terms; 13: an erasure names its ledger entries; 12: owners and labels (a batch's, claim_owner, set_owner, about, begin_owner_erasure, search_owner; summaries by owner); 11: the terms are the store's whole options (StoreOptions); 10: the branch, turn and usage operations and `reserved`; 9: how long sessions live in the terms, a batch's session options, purge's report; 8: a batch's max_items; 7: the erasure ledger in the terms; 6: a batch as one record; 5: this handshake and JSON frames (1-4: multiprocessing.connection)
+VERSION = 16  # 16: a call carries the caller's trace context, an erasure its receipt id, purge what retention swept, the status operation; 15: the owner sends its socket key's salt (random per file) in its answer, or says it is busy; 14: the erasure ledger's mirror in the terms; 13: an erasure names its ledger entries; 12: owners and labels (a batch's, claim_owner, set_owner, about, begin_owner_erasure, search_owner; summaries by owner); 11: the terms are the store's whole options (StoreOptions); 10: the branch, turn and usage operations and `reserved`; 9: how long sessions live in the terms, a batch's session options, purge's report; 8: a batch's max_items; 7: the erasure ledger in the terms; 6: a batch as one record; 5: this handshake and JSON frames (1-4: multiprocessing.connection)
 _MAGIC = b"CDLS"
 _NONCE = 32
 _SALT = 32

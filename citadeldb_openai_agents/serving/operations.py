@@ -20,7 +20,17 @@ from typing import Any, Generic, TypeVar
 from ..errors import InvalidLabelsError, InvalidOwnerError
 from ..options import SessionOptions
 from ..people import check_labels, check_owner
-from ..results import EndedSession, Erasure, IntegrityReport, PageLayout, PurgeReport, SessionIntegrity
+from ..results import (
+    EndedSession,
+    Erasure,
+    IntegrityReport,
+    LastErasure,
+    OwnerStatus,
+    PageLayout,
+    PurgeReport,
+    SessionIntegrity,
+    StatusReport,
+)
 from ..storage import branches, data_owners, reads, suffix, writes
 from ..storage import usage as usage_store
 from ..storage.codec import Batch
@@ -54,6 +64,12 @@ def flag(value: Any) -> bool:
     if not isinstance(value, bool):
         raise ProtocolError(f"expected true or false, got {type(value).__name__}")
     return value
+
+
+def number(value: Any) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ProtocolError(f"expected a number, got {type(value).__name__}")
+    return float(value)
 
 
 def nothing(value: Any) -> None:
@@ -111,11 +127,14 @@ _ERASURE = record(
     readback_confirmed=flag,
     ledger=optional(text),
     ledger_entries=lambda value: tuple(many(whole)(value)),
+    receipt_id=text,
 )
+_ENDED = record(EndedSession, session_id=text, rule=text, erasure=_ERASURE, branch=text, at=optional(number))
 _PURGE = record(
     PurgeReport,
     expired_items=whole,
-    ended=many(record(EndedSession, session_id=text, rule=text, erasure=_ERASURE, branch=text)),
+    ended=many(_ENDED),
+    swept=many(_ENDED),
 )
 _REPORT = record(
     IntegrityReport,
@@ -176,6 +195,9 @@ class Operation(Generic[T]):
         marks_local: The batch id is stored on a call of this process's own too.
         session: Its first argument is a session id: one session's operation, refused for a
             session another shard holds (shards.Ring).
+        counts: The items it moves, counted where the file is (telemetry/): "written" (those of
+            its batch) or "read" (those it returns); None: neither.
+        search: It is a search (its time is ``citadel.search.duration``).
     """
 
     name: str
@@ -190,6 +212,17 @@ class Operation(Generic[T]):
     marks_local: bool = True
     session: bool = True
     to_wire: Callable[[Any], Any] = _same
+    counts: str | None = None
+    search: bool = False
+
+    def measure(self, args: tuple[Any, ...], result: Any) -> tuple[int, int]:
+        """The items and the bytes of their JSON that the call moved, as `counts` says."""
+        if self.counts == "written":
+            payloads = next((a.payloads for a in args if isinstance(a, Batch)), [])
+        else:  # a list of payloads, or of rows holding one (with ids, times, positions), maybe in a pair
+            found = result[0] if isinstance(result, tuple) else result
+            payloads = [row if isinstance(row, str) else _text_of(row) for row in found or ()]
+        return len(payloads), sum(len(payload.encode("utf-8", "surrogatepass")) for payload in payloads)
 
     def arguments(self, values: Any) -> tuple[Any, ...]:
         """The call's arguments from the wire, each checked against its shape."""
@@ -220,6 +253,10 @@ def labels(value: Any) -> dict[str, Any]:
         return check_labels(value, "the wire's labels")
     except InvalidLabelsError as exc:
         raise ProtocolError(str(exc)) from None
+
+
+def _text_of(row: Any) -> str:
+    return next((value for value in row if isinstance(value, str)), "")
 
 
 _BATCH = record(
@@ -303,12 +340,20 @@ S, N, ITEMS, KEY = text, whole, many(text), session_key
 _APPEND = (KEY, batch, S, flag)  # the session (or branch), the batch, its id and `resent`
 
 APPEND = Operation[None](
-    "append", writes.append, _APPEND, nothing, resend=True, batched=True, marks_local=False
+    "append", writes.append, _APPEND, nothing, resend=True, batched=True, marks_local=False, counts="written"
 )
-NEWEST = Operation[list[str]]("newest", reads.newest, (KEY, N), ITEMS, resend=True)
-ALL_ITEMS = Operation[list[str]]("all_items", reads.all_items, (KEY,), ITEMS, resend=True, reports=True)
+NEWEST = Operation[list[str]]("newest", reads.newest, (KEY, N), ITEMS, resend=True, counts="read")
+ALL_ITEMS = Operation[list[str]](
+    "all_items", reads.all_items, (KEY,), ITEMS, resend=True, reports=True, counts="read"
+)
 SEARCH_PLACED = Operation[tuple[list[tuple[str, int]], int]](
-    "search_placed", reads.search_placed, (KEY, S, N), pair(many(pair(text, whole)), whole), resend=True
+    "search_placed",
+    reads.search_placed,
+    (KEY, S, N),
+    pair(many(pair(text, whole)), whole),
+    resend=True,
+    counts="read",
+    search=True,
 )
 # Every branch of the session, as the whole session.
 SUMMARY = Operation[tuple[int, int, int] | None](
@@ -324,10 +369,10 @@ CLEAR = Operation[str | None](
 POP_IF_NEWEST = Operation[str]("pop_if_newest", writes.pop_if_newest, (KEY, N), text, resend=True)
 CLEAR_THROUGH = Operation[None]("clear_through", branches.clear_through_all, (S, N), nothing, resend=True)
 NEWEST_ROWS = Operation[tuple[list[tuple[int, str]], bool]](
-    "newest_rows", suffix.newest_rows, (KEY, N), pair(many(ROW), flag), resend=True
+    "newest_rows", suffix.newest_rows, (KEY, N), pair(many(ROW), flag), resend=True, counts="read"
 )
 OLDEST_ROWS = Operation[list[tuple[int, str]]](
-    "oldest_rows", suffix.oldest_rows, (KEY, N, N, N), many(ROW), resend=True
+    "oldest_rows", suffix.oldest_rows, (KEY, N, N, N), many(ROW), resend=True, counts="read"
 )
 REPLACE_SUFFIX = Operation[bool](
     "replace_suffix",
@@ -336,10 +381,11 @@ REPLACE_SUFFIX = Operation[bool](
     flag,
     resend=True,
     batched=True,
+    counts="written",
 )
 # A branch's items with their ids and creation times (its turns, AdvancedSQLiteSession's).
 ITEM_ROWS = Operation[list[tuple[int, int, str]]](
-    "item_rows", branches.item_rows, (KEY,), many(pair(whole, whole, text)), resend=True
+    "item_rows", branches.item_rows, (KEY,), many(pair(whole, whole, text)), resend=True, counts="read"
 )
 BRANCHES = Operation[list[tuple[str, int, int, int]]](
     "branches", branches.listing, (S,), many(pair(text, whole, whole, whole)), resend=True
@@ -385,7 +431,13 @@ ABOUT = Operation[tuple[str | None, dict[str, Any] | None]](
     "about", data_owners.recorded, (S,), pair(optional(text), optional(labels)), resend=True
 )
 SEARCH_OWNER = Operation[list[tuple[str, str, int]]](
-    "search_owner", LocalFile.search_owner, (owner, S, N), many(pair(S, text, N)), resend=True, session=False
+    "search_owner",
+    LocalFile.search_owner,
+    (owner, S, N),
+    many(pair(S, text, N)),
+    resend=True,
+    session=False,
+    search=True,
 )
 BEGIN_OWNER_ERASURE = Operation[tuple[list[str], bool]](
     "begin_owner_erasure",
@@ -404,6 +456,28 @@ LEDGER_HEAD = Operation[tuple[int, str] | None](
 )
 VERIFY = Operation[IntegrityReport](
     "verify", LocalFile.verify, (), _REPORT, resend=True, reports=True, to_wire=_plain, session=False
+)
+_STATUS = record(
+    StatusReport,
+    path=text,
+    owner=optional(record(OwnerStatus, pid=whole, serving_since=number, clients=whole, socket=text)),
+    sessions=whole,
+    items=whole,
+    last_erasure=optional(record(LastErasure, at=number, cause=text, receipt=_ERASURE)),
+    ledger_head=optional(whole),
+    last_verify=optional(pair(number, flag)),
+    expired_items=whole,
+    ended_sessions=whole,
+    retention_erased=optional(whole),
+    swept_waiting=optional(whole),
+    ledger=optional(text),
+    shard=optional(text),
+    ring=optional(lambda value: tuple(many(text)(value))),
+    moving_from=optional(lambda value: tuple(many(text)(value))),
+)
+# What `status` shows, read by the owner (it reads only).
+STATUS = Operation[StatusReport](
+    "status", LocalFile.status, (), _STATUS, resend=True, to_wire=_plain, session=False
 )
 # A second attempt would find the first one's files.
 BACKUP = Operation[list[str]](
@@ -448,6 +522,7 @@ OPERATIONS: dict[str, Operation[Any]] = {
         PURGE,
         LEDGER_HEAD,
         VERIFY,
+        STATUS,
         BACKUP,
         ROTATE_KEY,
     )

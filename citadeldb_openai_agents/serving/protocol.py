@@ -4,8 +4,10 @@ Every message is a JSON array, sealed (channel.py):
 
 * client -> owner, once: ``["hello", ClientHello]``; the owner answers ``["welcome", OwnerHello]``
   or ``["refused", reason]``;
-* client -> owner, per call: ``["call", operation, arguments, reporting]``, the operation
-  one of those declared in operations.py and its arguments checked against their shapes;
+* client -> owner, per call: ``["call", operation, arguments, reporting, trace]``, the
+  operation one of those declared in operations.py and its arguments checked against their
+  shapes; `trace` the caller's W3C trace context (``traceparent``, ``tracestate``; ``{}`` when
+  none), kept only if well formed (telemetry/spans.py), so the owner's span continues it;
   the owner answers with any number of ``["progress", done, total]`` (only when
   `reporting`), ``["noted", value]`` (a pop or a clear says what it is about to erase,
   so a client that loses the owner mid-call knows how to finish it) and ``["alive"]``

@@ -104,9 +104,3 @@ def serves(path: str) -> bool:
     """Whether this process serves the file (or, in a forked child, its parent did)."""
     with _lock:
         return path in _served
-
-
-def clients_of(path: str) -> int:
-    """How many client connections the file's server has now (0 when not served here)."""
-    with _lock:
-        return _served[path][0].clients if path in _served else 0

@@ -23,7 +23,9 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from .. import telemetry
 from ..options import StoreOptions
+from ..results import OwnerStatus
 from ..storage.files import umask
 from ..storage.local_file import LocalFile
 from ..storage.process_state import SERVERS, at_fork, current_pid
@@ -68,6 +70,8 @@ class Server:
         self._handshaking = 0
         self._handshaking_by: dict[int, int] = {}  # peers in their handshake, by process id
         self._authenticated = 0
+        self._clients: dict[int, int] = {}  # authenticated connections, by the client's process id
+        self._since = time.time()
         self._busy: dict[Channel, float] = {}  # channels with a call running, since when
         self._lock = threading.Lock()
         self._refusals = _Throttle("refused a peer of %s", file.path)
@@ -81,15 +85,16 @@ class Server:
         _servers.add(self)
         self._thread = threading.Thread(target=self._accept, name="citadel-serve", daemon=True)
         self._thread.start()
+        file.serving = self.status  # what `status` shows of this owner (storage/file_status.py)
         log.info("serving %s to other processes on %s", file.path, address)
         for stale in remove_stale_sockets(keep=address):
             log.info("removed %s, left by an owner that was killed", stale)
 
-    @property
-    def clients(self) -> int:
-        """How many authenticated client connections are open now."""
+    def status(self) -> OwnerStatus:
+        """This owner as `status` shows it: its pid, since when it serves, its client processes."""
         with self._lock:
-            return self._authenticated
+            clients = len(self._clients)
+        return OwnerStatus(self._owner_pid, self._since, clients, self.address)
 
     def close(self) -> None:
         """Stop serving and remove the socket; clients then take the file over or reconnect.
@@ -99,6 +104,8 @@ class Server:
         if current_pid() != self._owner_pid or self._closed.is_set():
             return
         self._closed.set()
+        if self._file.serving == self.status:
+            self._file.serving = None
         with contextlib.suppress(OSError):
             os.unlink(self.address)
         with contextlib.suppress(OSError):
@@ -150,6 +157,7 @@ class Server:
                     turn_away(peer)
                     peer.close()
                     self._turned_away.note(full)
+                    telemetry.metrics.handshake_refused(self._file.path, "busy")
                     return 0.0
                 self._peers.add(peer)
                 self._handshaking += 1
@@ -186,6 +194,8 @@ class Server:
                     self._handshaking_by[process[0]] = left
                 authenticated = hello is not None
                 self._authenticated += authenticated
+                if authenticated:
+                    self._clients[process[0]] = self._clients.get(process[0], 0) + 1
             if hello is not None:
                 connections.debug("client connected to %s: %s (%s)", self._file.path, who, hello.program)
                 if self._calls(channel, who):
@@ -199,6 +209,9 @@ class Server:
                 self._busy.pop(channel, None)
                 if authenticated:
                     self._authenticated -= 1
+                    left = self._clients.pop(process[0]) - 1
+                    if left:
+                        self._clients[process[0]] = left
             peer.close()
 
     def _handshake(self, channel: Channel, process: tuple[int, int]) -> tuple[ClientHello | None, str]:
@@ -221,16 +234,23 @@ class Server:
             channel.send(["welcome", hello_to_wire(owner)])
             return hello, who
         except TimeoutError:
-            self._refusals.note(f"{who}: it did not finish its handshake within {HANDSHAKE_SECONDS:g} s")
+            self._refused("timeout", f"{who}: it did not finish its handshake within {HANDSHAKE_SECONDS:g} s")
         except ProofRefused:
-            self._refusals.note(f"{who}: it could not prove it knows the passphrase")
+            self._refused("proof", f"{who}: it could not prove it knows the passphrase")
         except VersionRefused as exc:
-            self._refusals.note(f"{who}: it speaks {exc}")
+            self._refused("version", f"{who}: it speaks {exc}")
         except EOFError:
-            self._refusals.note(f"{who}: it left during the handshake (a wrong passphrase, or not a client)")
+            self._refused(
+                "left", f"{who}: it left during the handshake (a wrong passphrase, or not a client)"
+            )
         except (ProtocolError, OSError, ValueError) as exc:
-            self._refusals.note(f"{who}: {type(exc).__name__}, not a client of this package")
+            self._refused("protocol", f"{who}: {type(exc).__name__}, not a client of this package")
         return None, who
+
+    def _refused(self, cause: str, detail: str) -> None:
+        """A peer refused at its handshake: logged (ten a minute), counted by cause."""
+        self._refusals.note(detail)
+        telemetry.metrics.handshake_refused(self._file.path, cause)
 
     def _calls(self, channel: Channel, who: str) -> bool:
         """Answer the client's calls until it leaves (True) or sends what is not a call (False)."""
@@ -247,6 +267,10 @@ class Server:
                 if operation is None:
                     raise ProtocolError("it sent a message that is not a call")
                 args = operation.arguments(message[2])
+                parent = telemetry.continued(telemetry.checked_carrier(message[4]))
+            except ValueError as exc:  # a trace context that is not an object
+                log.warning("dropped the client %s of %s: %s", who, self._file.path, exc)
+                return False
             except ProtocolError as exc:
                 log.warning("dropped the client %s of %s: %s", who, self._file.path, exc)
                 return False
@@ -256,7 +280,7 @@ class Server:
             with self._lock:
                 self._busy[channel] = time.monotonic()
             try:
-                result = run_here(self._file, operation, args, progress, note)
+                result = run_here(self._file, operation, args, progress, note, parent)
                 if operation is ROTATE_KEY:  # new handshakes prove the new passphrase; these connections stay
                     self._key.rotated(args[1].encode("utf-8", "surrogatepass"))
             except Exception as exc:
@@ -290,9 +314,10 @@ def _peer(peer: socket.socket) -> tuple[int, int]:
 
 
 def _is_call(message: Any) -> bool:
+    """``["call", name, arguments, wants_progress, trace_context]`` (the context checked apart)."""
     return (
         isinstance(message, list)
-        and len(message) == 4
+        and len(message) == 5
         and message[0] == "call"
         and isinstance(message[1], str)
         and isinstance(message[3], bool)
@@ -324,18 +349,22 @@ class _Throttle:
 
     def note(self, detail: str) -> None:
         now = time.monotonic()
+        fields = {"citadel_event": "refusal", "citadel_path": self._where}
         with self._lock:
             if now - self._start >= self._window:
                 if self._dropped:
                     log.warning(
-                        f"{self._what} %s more times (not logged one by one)", self._where, self._dropped
+                        f"{self._what} %s more times (not logged one by one)",
+                        self._where,
+                        self._dropped,
+                        extra={**fields, "citadel_left_out": self._dropped},
                     )
                 self._start, self._count, self._dropped = now, 0, 0
             self._count += 1
             if self._count > self._burst:
                 self._dropped += 1
                 return
-        log.warning(f"{self._what} (%s)", self._where, detail)
+        log.warning(f"{self._what} (%s)", self._where, detail, extra=fields)
 
 
 def _after_fork_in_child() -> None:

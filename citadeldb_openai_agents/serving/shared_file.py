@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .. import telemetry
 from ..embedders.protocol import Embedder, EmbedderIdentity
 from ..errors import SessionClosedError, StorageError, WrongPassphraseError
 from ..options import StoreOptions
@@ -113,6 +114,11 @@ class SharedFile:
         """The process that owns the file when this one is its client; None when this one owns it."""
         transport = self._transport
         return None if transport is None else transport.owner_pid
+
+    @property
+    def shard(self) -> str | None:
+        """This process's shard of the fleet's ring, if it has one."""
+        return None if self._ring is None else self._ring.shard
 
     @property
     def forked(self) -> bool:
@@ -301,13 +307,18 @@ class SharedFile:
             raise in_flight_unknown(refused, operation.name, dropped_by) from None
 
     def _replace(self, transport: Transport | None, deadline: float) -> None:
-        """Attach again in place of `transport`, unless another call of this store did already."""
+        """Attach again in place of `transport`, unless another call of this store did already.
+        Taking the file over from an owner that stopped is logged and counted (telemetry/)."""
         with self._lock:
             if self._transport is transport:
                 self._transport = None
+                previous = None if transport is None else transport.owner_pid
                 if transport is not None:
                     transport.close()
                 self._transport = self._attach(deadline)
+                if previous is not None and isinstance(self._transport, LocalTransport):
+                    telemetry.events.handover(self.path, previous)
+                    telemetry.metrics.handover(self.path)
 
     def _dropped_again(
         self, operation: Operation[Any], transport: Transport | None, before: int | None

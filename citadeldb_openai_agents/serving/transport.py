@@ -8,9 +8,11 @@ only the remote one can lose its owner mid-call (`OwnerGone`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
+from .. import telemetry
 from ..results import Progress
 from ..storage.local_file import LocalFile
 from .operations import Operation
@@ -50,9 +52,36 @@ def run_here(
     args: tuple[Any, ...],
     progress: Progress | None,
     note: Note | None,
+    parent: Any = None,
 ) -> T:
     """`operation(*args)` on the file this process holds, in the calling thread (the owner's
-    server runs its clients' calls here too)."""
+    server runs its clients' calls here too, `parent` the trace context a call carried).
+
+    The one place every operation runs where the file is: its span and its counts (items
+    written and read, a search's time) are made here, once, whoever asked (telemetry/)."""
+    if not telemetry.on():
+        return _run(local, operation, args, progress, note)
+    session = local.hashed(args[0]) if operation.session else None
+    with telemetry.operation(operation.name, local.path, parent, session) as attribute:
+        started = time.perf_counter()
+        result = _run(local, operation, args, progress, note)
+        if operation.search:
+            telemetry.metrics.search_took(time.perf_counter() - started, local.path)
+        if operation.counts is not None:
+            count, size = operation.measure(args, result)
+            telemetry.metrics.items(operation.counts, count, local.path)
+            attribute(f"citadel.items.{operation.counts}", count)
+            attribute(f"citadel.bytes.{operation.counts}", size)
+        return result
+
+
+def _run(
+    local: LocalFile,
+    operation: Operation[T],
+    args: tuple[Any, ...],
+    progress: Progress | None,
+    note: Note | None,
+) -> T:
     extra = (progress,) if operation.reports else (note,) if operation.notes else ()
     if operation.session:
         return local.on_session(args[0], operation.run, *args[1:], *extra)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -191,8 +192,9 @@ def erase_all(
                     "was added, popped or erased meanwhile, a branch made, or a turn's usage stored); "
                     "nothing was erased."
                 )
+        receipt_id = uuid.uuid4().hex  # one receipt for every branch: each branch's log line names it
         for state in [*branches, main]:
-            receipt = writes.erase(layout, memory, state)
+            receipt = writes.erase(layout, memory, state, receipt_id)
             if state is not main:
                 layout.forget_state(state)
             if receipt is not None:
@@ -206,6 +208,7 @@ def erase_all(
         readback_confirmed=all(r.readback_confirmed for r in receipts),
         ledger=receipts[-1].ledger,
         ledger_entries=tuple(entry for r in receipts for entry in r.ledger_entries),
+        receipt_id=receipt_id,
     )
 
 

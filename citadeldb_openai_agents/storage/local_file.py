@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -32,10 +33,20 @@ from ..errors import (
     WrongPassphraseError,
 )
 from ..options import StoreOptions
-from ..results import EndedSession, IntegrityReport, Progress, PurgeReport, ReembedSummary, SessionIntegrity
-from . import data_owners, owner_search, reads, registry, retention, suffix, writes
+from ..results import (
+    IntegrityReport,
+    OwnerStatus,
+    Progress,
+    PurgeReport,
+    ReembedSummary,
+    SessionIntegrity,
+    StatusReport,
+)
+from ..telemetry import metrics
+from . import data_owners, file_status, owner_search, reads, registry, retention, suffix, writes
 from .audit import ATOM_KEYS, check_before_memory
 from .completeness import now_micros
+from .ended import erase_ended, erase_one
 from .engine import OpenDatabase, database_options
 from .files import copy_watched, database_files, make_private, page_layout, private_files, resolve_path
 from .inspection import integrity_report
@@ -90,6 +101,8 @@ class LocalFile:
             raise
         if new:
             make_private(self.path)
+        # How this process serves the file, if it does (the server sets it): for `status`.
+        self.serving: Callable[[], OwnerStatus] | None = None
 
     @property
     def path(self) -> str:
@@ -160,7 +173,9 @@ class LocalFile:
     def purge(self, progress: Progress | None = None) -> PurgeReport:
         """Erase the sessions past their TTL (session mode) or idle time, each with a receipt, then
         every item past its own TTL (`purge_expired`)."""
-        return PurgeReport(self.purge_expired(progress), _erase_ended(self._database, self._layout))
+        expired = self.purge_expired(progress)
+        ended = erase_ended(self._database, self._layout, "purge")
+        return PurgeReport(expired, ended, self._layout.recent.take_swept())
 
     def purge_expired(self, progress: Progress | None = None) -> int:
         """Erase every expired atom; return the items erased (not their search data or markers).
@@ -173,15 +188,30 @@ class LocalFile:
         self._each(writes.purge_expired, progress)
         after = self._layout.completeness.rows(names) if names else {}
         now = now_micros()
-        return sum(
+        erased = sum(
             1
             for name, rows in before.items()
             for atom, expires in rows.items()
             if expires is not None and expires <= now and atom not in after[name]
         )
+        metrics.erased(erased, self.path, "ttl")
+        return erased
+
+    def status(self) -> StatusReport:
+        """What `status` shows, read here (file_status.py), with how this process serves the file."""
+        return file_status.live(
+            self._database, self._layout, None if self.serving is None else self.serving()
+        )
 
     def verify(self, progress: Progress | None = None) -> IntegrityReport:
-        """Citadel's page check, the audit log's chain, and per session what the pages hold against what reads back."""
+        """Citadel's page check, the audit log's chain, and per session what the pages hold against
+        what reads back; the result is recorded in the layout record, for `status`."""
+        report = self._verify(progress)
+        with self._database.operation() as memory:
+            self._layout.update_meta(memory, last_verify=[time.time(), report.ok])
+        return report
+
+    def _verify(self, progress: Progress | None) -> IntegrityReport:
         pages, stats = self._database.alone(lambda db: (db.integrity_check(), db.stats()))
         chain = self._database.on_owner_thread(audit_chain)
         verdicts: dict[str, int] = {}
@@ -303,6 +333,12 @@ class LocalFile:
 
     # -- plumbing ---------------------------------------------------------------------
 
+    def hashed(self, key: SessionKey) -> str:
+        """The session's name in spans and log lines: a salted hash of its id, never the id
+        (its branch, if any, is not named either)."""
+        session_id = key if isinstance(key, str) else key[0]
+        return self._layout.keyed(b"telemetry session", session_id)
+
     def on_session(self, key: SessionKey, operation: Callable[..., T], *args: Any) -> T:
         """`operation(layout, memory, state, *args)` on the session, under its lock (a storage
         function of reads.py, writes.py or suffix.py: serving/operations.py names which).
@@ -313,7 +349,7 @@ class LocalFile:
         state = self._layout.state(key)
         with self._database.operation() as memory, state.lock:
             if retention.ended(self._layout, memory, state):
-                writes.clear(self._layout, memory, state)
+                erase_one(self._layout, memory, state, "access")
             return operation(self._layout, memory, state, *args)
 
     def _on_state(self, state: SessionState, operation: Callable[..., T], *args: Any) -> T:
@@ -343,22 +379,6 @@ def _owner_matches(found: str | None, owner: str | None, owned: bool | None) -> 
 def _listed(layout: SessionLayout, memory: Memory, state: SessionState, read: Callable[..., T]) -> T | None:
     """`read` of a session the file's listings show: None for one past its deadline (retention.py)."""
     return None if retention.ended(layout, memory, state) else read(layout, memory, state)
-
-
-def _erase_ended(database: OpenDatabase, layout: SessionLayout) -> list[EndedSession]:
-    """Erase, each with a receipt, the sessions past their TTL (session mode) or idle time."""
-    ended = []
-    for state in layout.states():
-        with database.operation() as memory, state.lock:
-            if not retention.ended(layout, memory, state):
-                continue
-            limit = retention.rule(layout, state)
-            erasure = writes.erase(layout, memory, state)
-        if erasure is not None:
-            ended.append(
-                EndedSession(state.session_id, "ttl" if limit is None else limit[1], erasure, state.branch)
-            )
-    return sorted(ended, key=lambda session: (session.session_id, session.branch))
 
 
 def _private_backup(db: citadeldb.Database, path: str, target: str) -> None:
@@ -442,7 +462,7 @@ def _shared_layout(database: OpenDatabase, embedder: Embedder, options: StoreOpt
             database.layout = layout
             database.before_close = lambda memory: store_all_pending(layout, memory)
             sweeper = retention.Sweeper(
-                lambda: _erase_ended(database, layout),
+                lambda: erase_ended(database, layout, "sweep"),
                 lambda: retention.sweep_period(layout, layout.states()),
             )
             database.stop_background = sweeper.stop

@@ -23,7 +23,8 @@ from typing import TypeVar
 
 import citadeldb
 
-from ..errors import CitadelSessionError
+from .. import telemetry
+from ..errors import CitadelSessionError, CorruptDatabaseError
 from ..options import check_passphrase
 from .engine import BeforeMemory, OpenDatabase, forked_error, refuse_lost_key_files
 from .files import locked_by_this_process, resolve_path
@@ -78,10 +79,13 @@ def acquire(
             pending.done.wait()  # then join what it opened, or try again if it failed
         try:
             database = OpenDatabase(resolved, key, options, before_memory)
-        except BaseException:
+        except BaseException as exc:
             with _registry_lock:
                 _opening.pop(resolved, None)
             pending.done.set()
+            if isinstance(exc, CorruptDatabaseError):  # an operator acts on this: logged and counted
+                telemetry.events.damaged(resolved, str(exc))
+                telemetry.metrics.open_refused(resolved)
             raise
         with _registry_lock:
             _registry[resolved] = database

@@ -50,6 +50,7 @@ from .codec import ITEM_KIND
 from .completeness import CompletenessCheck, RowReader, now_micros
 from .erasure_notes import ErasureNotes
 from .ledger import LedgerHead
+from .receipts import RecentErasures
 from .records import (
     CATALOG_KIND,
     CATALOG_REGION,
@@ -177,6 +178,7 @@ class SessionLayout:
                     self.path,
                 )
         self.erasures = ErasureNotes(self._salt, self._meta.get("ledger_head"))  # and the ledger's head
+        self.recent = RecentErasures()  # this owner's last erasure, retention's receipts (receipts.py)
         for hit in memory.fetch(CATALOG_REGION, CATALOG_KIND, limit=ALL):
             record = CatalogRecord.from_payload(hit.payload)
             state = self._new_state(record.session_id, record.branch)
@@ -220,6 +222,7 @@ class SessionLayout:
         meta = dict(memory.fetch(META_REGION, META_KIND, limit=1)[0].payload)
         meta["format"] = LAYOUT_FORMAT
         memory.update_atom_payload(META_REGION, self._meta_id, meta)
+        self._meta = meta  # else the next update_meta would write format 1 back
         logger.info("upgraded %s to layout format %d", self.path, LAYOUT_FORMAT)
 
     @property

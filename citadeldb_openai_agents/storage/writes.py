@@ -7,6 +7,7 @@ anywhere leaves a state the next open explains and finishes (audit.py).
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 
 import citadeldb
@@ -14,6 +15,7 @@ from citadeldb.memory import Memory
 
 from ..embedders.protocol import embed_documents
 from ..results import Erasure
+from ..telemetry import erasure_cause, events, metrics, on
 from . import data_owners, retention, search_upkeep, usage
 from .codec import (
     BATCH_KIND,
@@ -201,6 +203,7 @@ def pop(
         if layout.tail_ids(state) == [hit.id] and record.segments is not None:
             # The segment's last live item: dropping the segment erases its key too.
             layout.drop_segment(memory, state, number)
+            metrics.erased(1, layout.path, "pop")
             return str(hit.payload)
         with layout.caches.writing(state, number) as cached:
             # Its search data and its turn's usage go in the same forget (the block's other
@@ -215,6 +218,7 @@ def pop(
             continue  # gone meanwhile (expired): the next newest
         if not layout.tail_ids(state) and not layout.has_live(memory, state, number):
             layout.drop_segment(memory, state, number)
+        metrics.erased(1, layout.path, "pop")
         return str(hit.payload)
     return None
 
@@ -250,6 +254,7 @@ def clear_through(layout: SessionLayout, memory: Memory, state: SessionState, th
         if not ids:
             break
         layout.erasures.items(state, older)
+        metrics.erased(len(ids), layout.path, "max_items" if erasure_cause() == "erase" else erasure_cause())
         if not any(hit.id > through for hit in newest_in(layout, memory, state, number, 1)):
             layout.drop_segment(memory, state, number)  # all of it is older
             continue
@@ -294,6 +299,9 @@ def clear(
         if before_erasing is not None:
             before_erasing(0 if hit is None else hit.id)
         layout.erasures.session(state, hit)
+    if on():  # counted only for a meter: it reads each segment's ids
+        held = sum(len(layout.live_hits(memory, state, number)) for number in state.segments)
+        metrics.erased(held, layout.path, "clear" if erasure_cause() == "erase" else erasure_cause())
     return _drop_session(layout, memory, state)
 
 
@@ -313,7 +321,9 @@ def _drop_session(layout: SessionLayout, memory: Memory, state: SessionState) ->
     return algorithm
 
 
-def erase(layout: SessionLayout, memory: Memory, state: SessionState) -> Erasure | None:
+def erase(
+    layout: SessionLayout, memory: Memory, state: SessionState, receipt_id: str | None = None
+) -> Erasure | None:
     """`clear`, then read back through Citadel that every erased atom is gone.
 
     Dropping a region returns no receipt, so the evidence is gathered here: the
@@ -321,6 +331,8 @@ def erase(layout: SessionLayout, memory: Memory, state: SessionState) -> Erasure
     same name is attached and Citadel's `verify` must call each of those ids
     ``missing`` (no row, no key). None when the file holds nothing for the session.
     (A move's check that the session is still what it copied: `branches.erase_all`.)
+    The receipt is logged and counted (telemetry/) under `receipt_id` (new if None), for
+    the cause its caller set (`telemetry.erasing_for`).
     """
     if state.catalog_id is None and not state.segments:
         return None
@@ -346,14 +358,34 @@ def erase(layout: SessionLayout, memory: Memory, state: SessionState) -> Erasure
         confirmed = confirmed and all(v.verdict == "missing" for v in verdicts)
         memory.drop_region(region)
         layout.detach(region)
-    return Erasure(
+    receipt = Erasure(
         items_erased=sum(len(ids) for ids in erased.values()),
         regions_dropped=len(erased),
         algorithm=algorithm,
         readback_confirmed=confirmed,
         ledger=None if layout.erasures.ledger is None else layout.erasures.ledger.path,
         ledger_entries=() if entry is None else (entry,),
+        receipt_id=receipt_id or uuid.uuid4().hex,
     )
+    reported(layout, state, receipt)
+    return receipt
+
+
+def reported(layout: SessionLayout, state: SessionState, receipt: Erasure) -> None:
+    """An erasure's receipt in the log (its one line, by the session's salted hash) and the metrics."""
+    cause = erasure_cause()
+    events.erasure(
+        layout.path,
+        receipt.receipt_id,
+        cause,
+        receipt.items_erased,
+        receipt.readback_confirmed,
+        receipt.ledger_entries,
+        layout.keyed(b"telemetry session", state.session_id),
+    )
+    metrics.erased(receipt.items_erased, layout.path, cause)
+    metrics.erasure(layout.path, cause, receipt.readback_confirmed)
+    layout.recent.erased(cause, receipt)
 
 
 def erase_expired_head(layout: SessionLayout, memory: Memory, state: SessionState) -> None:
