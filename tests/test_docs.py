@@ -123,3 +123,19 @@ def test_deployment_quotes_the_served_ratios_of_the_sizing_table() -> None:
     deployment = " ".join((ROOT / "docs" / "deployment.md").read_text().split())
     for low, high in quoted:
         assert f"{low:.2f}-{high:.2f} times SQLiteSession" in deployment, (low, high)
+
+
+def test_operations_lists_every_metric_as_the_code_declares_it() -> None:
+    from citadeldb_openai_agents.telemetry.events import FIELDS
+    from citadeldb_openai_agents.telemetry.metrics import INSTRUMENTS
+
+    page = (ROOT / "docs" / "operations.md").read_text()
+    rows = dict(
+        (found[1], (found[2], found[3], found[4]))
+        for found in re.finditer(
+            r"^\| `((?:citadel|db)\.[a-z._]+)` \| (\w+) \| `([^`]+)` \| (.+) \|$", page, re.M
+        )
+    )
+    assert rows == INSTRUMENTS
+    named = set(re.findall(r"`(citadel_[a-z_]+)`", page))
+    assert set(FIELDS) <= named, sorted(set(FIELDS) - named)

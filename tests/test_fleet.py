@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import importlib.util
 import itertools
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -24,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -214,6 +217,65 @@ def test_one_worker_per_shard_is_ready_and_the_app_refuses_what_it_must_not_serv
         assert erased.returncode == 0, erased.stderr
         assert f"#1 in {tmp_path / shard / 'erasures.ledger'}" in erased.stdout
     assert (tmp_path / "token").stat().st_mode & 0o777 == 0o600
+
+
+def scraped(target: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """A Prometheus endpoint's samples, by name and labels (the text format, parsed)."""
+    with urllib.request.urlopen(f"http://{target}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    found = {}
+    for line in text.splitlines():
+        parsed = re.fullmatch(r"([a-zA-Z_:][\w:]*)(?:\{(.*)\})? (\S+)", line)
+        if parsed is None or line.startswith("#"):
+            continue
+        labels = frozenset(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', parsed[2] or ""))
+        found[(parsed[1], labels)] = float(parsed[3])
+    return found
+
+
+def summed(
+    samples: list[dict[tuple[str, frozenset[tuple[str, str]]], float]], name: str, **labels: str
+) -> float:
+    return sum(
+        value
+        for scrape in samples
+        for (metric, found), value in scrape.items()
+        if metric == name and set(labels.items()) <= found
+    )
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("opentelemetry.exporter.prometheus") is None,
+    reason="the fleet exposes metrics with opentelemetry-exporter-prometheus (the test extra)",
+)
+def test_each_process_of_a_shard_exposes_its_metrics_and_a_shards_sum_counts_each_write_once(
+    tmp_path: Path,
+) -> None:
+    """Two workers per shard, one the file's owner and one its client: each exposes its own series
+    (its file_sd target), the owner counts the file's writes, each counts its own calls."""
+    port = free_ports(len(SHARDS) + 1)
+    with running_fleet(tmp_path, port) as token:
+        home = {session_id: shard_for(session_id, SHARDS) for session_id in SESSIONS}
+        for number in (1, 2):
+            answers = turns(port, SESSIONS, f"turn {number}", token)
+            assert all(status == 200 for status, _ in answers.values()), answers
+        targets = [json.loads(path.read_text())[0] for path in sorted((tmp_path / "metrics").glob("*.json"))]
+        assert sorted(t["labels"]["shard"] for t in targets) == sorted(SHARDS * 2)  # two processes a shard
+        config = (tmp_path / "prometheus.yml").read_text()
+        assert f"files: ['{tmp_path / 'metrics'}/*.json']" in config
+        for shard in SHARDS:
+            samples = [scraped(t["targets"][0]) for t in targets if t["labels"]["shard"] == shard]
+            path = str((tmp_path / shard / "agent.cdl").resolve())
+            held = sum(1 for s in SESSIONS if home[s] == shard)
+            # Two turns of two items for each of its sessions: written once, by the owner alone.
+            assert summed(samples, "citadel_items_written_total", db_namespace=path) == 4 * held, shard
+            writers = [s for s in samples if summed([s], "citadel_items_written_total")]
+            assert len(writers) == 1, "only the process that owns the file counts its writes"
+            timed = summed(
+                samples, "db_client_operation_duration_seconds_count", db_operation_name="get_items"
+            )
+            assert timed >= 2 * held, shard  # every process times its own calls, client and owner
+    assert not list((tmp_path / "metrics").glob("*.json")), "a stopped process leaves its target behind"
 
 
 # The long tier: 37 s of the main run's 390 (tests/test_ring_change.py makes the same change on files

@@ -183,11 +183,16 @@ def test_the_metrics_count_calls_items_erasures_and_searches_once(
         asyncio.run(session.search("two"))
         asyncio.run(session.pop_item())
         store.erase_session("alice")
+        capped = store.session("capped", max_items=2)
+        asyncio.run(capped.add_items(items("a", "b", "c")))  # the oldest is erased at once
+        asyncio.run(capped.clear_session())
     after = measured(reader)
     path = str(db_path.resolve())
-    assert grew(before, after, "db.client.operation.duration", db__operation__name="add_items") == 2
+    assert grew(before, after, "citadel.items.erased", citadel__erasure__cause="max_items") == 1
+    assert grew(before, after, "citadel.items.erased", citadel__erasure__cause="clear") == 2
+    assert grew(before, after, "db.client.operation.duration", db__operation__name="add_items") == 3
     assert grew(before, after, "db.client.operation.duration", db__operation__name="get_items") == 1
-    assert grew(before, after, "citadel.items.written", db__namespace=path) == 3
+    assert grew(before, after, "citadel.items.written", db__namespace=path) == 6
     assert grew(before, after, "citadel.items.read", db__namespace=path) >= 3  # get_items, search
     assert grew(before, after, "citadel.items.erased", citadel__erasure__cause="pop") == 1
     assert grew(before, after, "citadel.items.erased", citadel__erasure__cause="erase") == 2
@@ -347,8 +352,11 @@ def test_retention_leaves_a_receipt_in_the_log_the_metrics_the_ledger_and_the_ne
         while time.monotonic() < deadline:  # busy stays written to; idle does not
             asyncio.run(store.session("busy").add_items(items("again")))
             time.sleep(0.5)
-        swept = [r for r in caplog.records if getattr(r, "citadel_event", None) == "retention"]
-        assert [r.citadel_cause for r in swept] == ["sweep"], [r.getMessage() for r in caplog.records]
+        swept = [r for r in caplog.records if getattr(r, "citadel_cause", None) == "retention"]
+        assert [(r.citadel_rule, r.citadel_trigger) for r in swept] == [("idle_ttl", "sweep")], [
+            r.getMessage() for r in caplog.records
+        ]
+        assert "it ended by idle_ttl, found by the sweep" in swept[0].getMessage()
         receipt = swept[0].citadel_receipt
         report = store.purge()
     assert report.ended == [] and report.expired_items == 0
@@ -357,7 +365,7 @@ def test_retention_leaves_a_receipt_in_the_log_the_metrics_the_ledger_and_the_ne
     ]
     assert report.swept[0].erasure.readback_confirmed
     erasure_lines = [r for r in caplog.records if getattr(r, "citadel_receipt", None) == receipt]
-    assert {r.citadel_event for r in erasure_lines} == {"erasure", "retention"}
+    assert [r.citadel_event for r in erasure_lines] == ["erasure"]  # one line for the one event
     assert all(
         "left-idle-7" not in r.getMessage() and len(r.citadel_session_hash) == 32 for r in erasure_lines
     )
@@ -430,3 +438,26 @@ def test_without_the_extra_nothing_of_opentelemetry_is_imported(db_path: Path) -
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_the_trace_example_shows_one_served_turn_as_one_trace_over_both_processes() -> None:
+    """examples/telemetry/trace_turn.py, whose output docs/operations.md shows."""
+    example = Path(__file__).resolve().parent.parent / "examples" / "telemetry" / "trace_turn.py"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CITADEL_")}
+    done = subprocess.run(
+        [sys.executable, str(example)], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "one trace: 1 trace id, 7 spans" in lines
+    tree = [line for line in lines if "[client]" in line or "[owner]" in line]
+    shape = [(len(line) - len(line.lstrip()), line.split()[0], line.split()[1]) for line in tree]
+    assert shape == [
+        (0, "POST", "/turn"),
+        (2, "get_items", "[client]"),
+        (4, "all_items", "[owner]"),
+        (2, "add_items", "[client]"),
+        (4, "append", "[owner]"),
+        (2, "add_items", "[client]"),
+        (4, "append", "[owner]"),
+    ]

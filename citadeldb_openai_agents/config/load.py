@@ -134,7 +134,7 @@ def status_from_config(config: ConfigSource = None) -> StatusReport:
         ring, moving = (
             (settings.shards, None) if settings.ring_file is None else read_ring_file(settings.ring_file)
         )
-        ledger = None if settings.erasure_ledger is None else os.fspath(settings.erasure_ledger)
+        ledger = options.erasure_ledger  # absolute, as the store has it
         shards = None if ring is None else tuple(ring)
         return replace(report, ledger=ledger, shard=settings.shard, ring=shards, moving_from=moving)
     raise wrong from None

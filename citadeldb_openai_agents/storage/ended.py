@@ -13,7 +13,7 @@ import time
 from citadeldb.memory import Memory
 
 from ..results import EndedSession
-from ..telemetry import erasing_for, events, metrics
+from ..telemetry import erasing_for, metrics
 from . import retention, writes
 from .engine import OpenDatabase
 from .segment_cache import SessionState
@@ -40,14 +40,12 @@ def erase_one(
     """Erase a session that ended, with its receipt: logged, counted, and (but for a purge, which
     returns it) kept for the next purge's report (receipts.py)."""
     limit = retention.rule(layout, state)
-    with erasing_for("retention"):
+    rule = "ttl" if limit is None else limit[1]
+    with erasing_for("retention", rule=rule, trigger=trigger):  # its log line names both
         erasure = writes.erase(layout, memory, state)
     if erasure is None:
         return None
-    rule = "ttl" if limit is None else limit[1]
     session = EndedSession(state.session_id, rule, erasure, state.branch, time.time())
-    hashed = layout.keyed(b"telemetry session", state.session_id)
-    events.ended(layout.path, erasure.receipt_id, session.rule, trigger, hashed)
     metrics.retention_erased(layout.path, session.rule, trigger)
     if trigger != "purge":
         layout.recent.ended(session)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from citadeldb.memory import AtomHit, Memory
 
+from ..telemetry import metrics
 from . import search_upkeep, usage
 from .codec import ITEM_KIND, Batch
 from .ledger import LedgerEntry
@@ -149,6 +150,7 @@ def erase_items(layout: SessionLayout, memory: Memory, state: SessionState, atom
         here = [hit.id for hit in erasing]
         remaining.difference_update(here)
         noted = layout.erasures.items(state, erasing)
+        metrics.erased(len(here), layout.path, "compaction")
         tail = number == state.segments[-1]
         if here and len(here) == len(hits) and not tail:
             layout.drop_segment(memory, state, number)  # its keys go with it (tests/test_erasure.py)

@@ -15,7 +15,7 @@ from citadeldb.memory import Memory
 
 from ..embedders.protocol import embed_documents
 from ..results import Erasure
-from ..telemetry import erasure_cause, events, metrics, on
+from ..telemetry import erasing_for, erasure_cause, erasure_detail, events, metrics, on
 from . import data_owners, retention, search_upkeep, usage
 from .codec import (
     BATCH_KIND,
@@ -107,9 +107,9 @@ def trim(layout: SessionLayout, memory: Memory, state: SessionState, keep: int) 
         newest = ids[-1] if newest is None and ids else newest
         if kept + len(ids) > keep and newest is not None:
             cut = len(ids) - (keep - kept)  # this segment's oldest `cut` items go, and any before
-            clear_through(
-                layout, memory, state, _past_outputs(layout, memory, state, position, ids[cut - 1], newest)
-            )
+            through = _past_outputs(layout, memory, state, position, ids[cut - 1], newest)
+            with erasing_for("max_items"):
+                clear_through(layout, memory, state, through)
             return
         kept += len(ids)
 
@@ -254,7 +254,7 @@ def clear_through(layout: SessionLayout, memory: Memory, state: SessionState, th
         if not ids:
             break
         layout.erasures.items(state, older)
-        metrics.erased(len(ids), layout.path, "max_items" if erasure_cause() == "erase" else erasure_cause())
+        metrics.erased(len(ids), layout.path, "clear" if erasure_cause() == "erase" else erasure_cause())
         if not any(hit.id > through for hit in newest_in(layout, memory, state, number, 1)):
             layout.drop_segment(memory, state, number)  # all of it is older
             continue
@@ -382,6 +382,7 @@ def reported(layout: SessionLayout, state: SessionState, receipt: Erasure) -> No
         receipt.readback_confirmed,
         receipt.ledger_entries,
         layout.keyed(b"telemetry session", state.session_id),
+        **erasure_detail(),
     )
     metrics.erased(receipt.items_erased, layout.path, cause)
     metrics.erasure(layout.path, cause, receipt.readback_confirmed)

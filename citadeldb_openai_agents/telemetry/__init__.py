@@ -21,15 +21,17 @@ from . import events, metrics
 from .otel import on
 from .spans import carrier, checked_carrier, continued, given, operation, returned, traced
 
-# Why the erasures made now are made: "erase" (a request), "retention" (its sweep or purge),
-# "move"... set by whoever starts them, read where the keys are destroyed (storage/writes.py).
-_CAUSE: ContextVar[str] = ContextVar("citadel_erasure_cause", default="erase")
+# Why the erasures made now are made: "erase" (a request), "retention" (with the rule that ended
+# the session and who found it), set by whoever starts them, read where the keys are destroyed
+# (storage/writes.py).
+_CAUSE: ContextVar[tuple[str, dict[str, str]]] = ContextVar("citadel_erasure_cause", default=("erase", {}))
 
 
 @contextlib.contextmanager
-def erasing_for(cause: str) -> Iterator[None]:
-    """The erasures made inside are counted and logged for `cause`."""
-    token = _CAUSE.set(cause)
+def erasing_for(cause: str, **detail: str) -> Iterator[None]:
+    """The erasures made inside are counted and logged for `cause`, their log line with `detail`
+    (retention's ``rule`` and ``trigger``)."""
+    token = _CAUSE.set((cause, detail))
     try:
         yield
     finally:
@@ -38,7 +40,12 @@ def erasing_for(cause: str) -> Iterator[None]:
 
 def erasure_cause() -> str:
     """The cause of the erasures made now (`erasing_for`)."""
-    return _CAUSE.get()
+    return _CAUSE.get()[0]
+
+
+def erasure_detail() -> dict[str, str]:
+    """What `erasing_for` was told beside the cause."""
+    return _CAUSE.get()[1]
 
 
 __all__ = [
@@ -47,6 +54,7 @@ __all__ = [
     "continued",
     "erasing_for",
     "erasure_cause",
+    "erasure_detail",
     "events",
     "given",
     "metrics",

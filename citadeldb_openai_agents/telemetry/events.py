@@ -27,6 +27,7 @@ FIELDS = (
     "citadel_ledger_entries",
     "citadel_session_hash",
     "citadel_rule",
+    "citadel_trigger",
     "citadel_previous_owner",
     "citadel_shards",
     "citadel_previous_shards",
@@ -42,46 +43,34 @@ def erasure(
     confirmed: bool,
     ledger_entries: Sequence[int],
     session_hash: str,
+    rule: str | None = None,
+    trigger: str | None = None,
 ) -> None:
-    """A session (or one branch) erased with a readback: its receipt id, what went, the readback."""
+    """A session (or one branch) erased with a readback: its receipt id, why, what went, the
+    readback; for retention, the rule that ended it and who found it (the sweep, a purge, a call)."""
     entries = ", ".join(f"#{entry}" for entry in ledger_entries) or "not configured"
+    why = cause if rule is None else f"{cause}: it ended by {rule}, found by the {trigger}"
+    fields = {
+        "citadel_event": "erasure",
+        "citadel_path": path,
+        "citadel_receipt": receipt,
+        "citadel_cause": cause,
+        "citadel_items": items,
+        "citadel_readback_confirmed": confirmed,
+        "citadel_ledger_entries": list(ledger_entries),
+        "citadel_session_hash": session_hash,
+    }
+    if rule is not None:
+        fields.update(citadel_rule=rule, citadel_trigger=trigger)
     log.info(
         "erased a session of %s (%s): %d items, keys destroyed, readback %s, receipt %s, erasure ledger %s",
         path,
-        cause,
+        why,
         items,
         "confirmed" if confirmed else "NOT confirmed",
         receipt,
         entries,
-        extra={
-            "citadel_event": "erasure",
-            "citadel_path": path,
-            "citadel_receipt": receipt,
-            "citadel_cause": cause,
-            "citadel_items": items,
-            "citadel_readback_confirmed": confirmed,
-            "citadel_ledger_entries": list(ledger_entries),
-            "citadel_session_hash": session_hash,
-        },
-    )
-
-
-def ended(path: str, receipt: str, rule: str, trigger: str, session_hash: str) -> None:
-    """Retention erased a session that ended (its erasure's own line has the receipt's details)."""
-    log.info(
-        "retention erased a session of %s that ended by %s (found by the %s), receipt %s",
-        path,
-        rule,
-        trigger,
-        receipt,
-        extra={
-            "citadel_event": "retention",
-            "citadel_path": path,
-            "citadel_receipt": receipt,
-            "citadel_rule": rule,
-            "citadel_cause": trigger,
-            "citadel_session_hash": session_hash,
-        },
+        extra=fields,
     )
 
 

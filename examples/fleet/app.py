@@ -9,7 +9,8 @@ process's ``shard``. A session of another shard is refused before anything is re
 the router in front (nginx.conf.template) sends the request there. A session moving to
 another shard during a ring change (`ShardMovingError`) is answered 503 with
 ``Retry-After: 1``; nothing of that turn is stored. ``GET /health``
-answers ``{"shard": name}``. No web framework.
+answers ``{"shard": name}``. No web framework. With ``FLEET_METRICS_DIR`` set (run.py sets it),
+each process exposes its metrics for Prometheus on a port of its own (`_expose_metrics`).
 
 What it trusts: a ``POST /turn`` must carry ``Authorization: Bearer TOKEN``, the token in the
 file ``FLEET_TOKEN_FILE`` names (run.py writes a random one, mode 600), compared in constant
@@ -25,6 +26,7 @@ import hmac
 import json
 import os
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from agents import Agent, Runner, set_tracing_disabled
@@ -34,6 +36,42 @@ from citadeldb_openai_agents import CitadelSettings, ShardMovingError, WrongShar
 
 set_tracing_disabled(True)
 settings = CitadelSettings()
+
+
+def _expose_metrics() -> Path | None:
+    """This process's metrics on a port of its own, for Prometheus, when FLEET_METRICS_DIR is set
+    and the SDK and its Prometheus exporter are installed; the target file it writes there.
+
+    Every process of a shard (uvicorn's workers: the file's owner and its clients) exposes its own
+    series, and the package records each event once, where it happens (the owner counts the
+    file's work, each process its own calls' time), so a sum over a shard's targets counts each
+    write once. The target file is in Prometheus's file_sd format, labelled with the shard and
+    the pid; Prometheus finds each process there (docs/operations.md has the scrape config).
+    """
+    directory = os.environ.get("FLEET_METRICS_DIR")
+    if not directory:
+        return None
+    try:
+        from opentelemetry import metrics
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.resources import Resource
+        from prometheus_client import start_http_server
+    except ImportError:  # the example runs without them, unmeasured
+        return None
+    instance = f"{settings.shard}-{os.getpid()}"
+    resource = Resource.create({"service.name": "agent-fleet", "service.instance.id": instance})
+    metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=[PrometheusMetricReader()]))
+    server, _ = start_http_server(0, addr="127.0.0.1")  # a free port of this process's, on loopback
+    target = Path(directory) / f"{instance}.json"
+    labels = {"shard": str(settings.shard), "pid": str(os.getpid())}
+    draft = target.with_suffix(".tmp")
+    draft.write_text(json.dumps([{"targets": [f"127.0.0.1:{server.server_port}"], "labels": labels}]))
+    os.replace(draft, target)  # Prometheus never reads half a file
+    return target
+
+
+metrics_target = _expose_metrics()
 store = from_config(settings)
 TOKEN = open(os.environ["FLEET_TOKEN_FILE"], "rb").read().strip()  # noqa: SIM115 (read once)
 MAX_BODY = 64 * 1024
@@ -93,6 +131,8 @@ async def _lifespan(receive: Receive, send: Send) -> None:
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
             store.close()
+            if metrics_target is not None:
+                metrics_target.unlink(missing_ok=True)  # this process's series end with it
             await send({"type": "lifespan.shutdown.complete"})
             return
 

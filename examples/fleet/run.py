@@ -12,7 +12,9 @@ master, then its workers) are in DIR/<name>/pids, one a line. Each shard records
 erasures in its own ledger, DIR/<name>/erasures.ledger (a fleet-wide CITADEL_ERASURE_LEDGER in
 the environment takes its place for every shard: one ledger shared by the shards' files).
 Requests to ``/turn`` need ``Authorization: Bearer TOKEN``, the token in DIR/token (a new
-random one, mode 600, unless the file exists). Prints ``ready`` once every
+random one, mode 600, unless the file exists). With the OpenTelemetry SDK and its Prometheus
+exporter installed, every process of every shard exposes its metrics on a port of its own, its
+target in DIR/metrics/SHARD-PID.json; DIR/prometheus.yml scrapes them all. Prints ``ready`` once every
 shard answers through nginx, and stops everything on SIGTERM or Ctrl-C (each shard's store
 closes in its lifespan), shards added since included.
 
@@ -66,6 +68,7 @@ def main() -> int:
         ports = {name: args.port + 1 + number for number, name in enumerate(names)}
         root.mkdir(parents=True, exist_ok=True)
         (root / "ring.toml").write_text(f"shards = [{', '.join(map(json.dumps, names))}]\n")
+        _write_prometheus_config(root)
         _private(root / "token")
         fleet = {"port": args.port, "ports": ports, "workers": args.workers, "profile": args.argon2_profile}
         (root / "fleet.json").write_text(json.dumps(fleet))
@@ -137,15 +140,29 @@ def _start_shard(root: Path, name: str, port: int, fleet: dict[str, Any]) -> sub
         f'path = "{directory / "agent.cdl"}"\nkey_file = "{key}"\nring_file = "{root / "ring.toml"}"\n'
         f'shard = "{name}"\nerasure_ledger = "{directory / "erasures.ledger"}"\n{profile}'
     )
+    (root / "metrics").mkdir(exist_ok=True)
     env = {
         **os.environ,
         "CITADEL_CONFIG": str(directory / "citadel.toml"),
         "FLEET_TOKEN_FILE": str(root / "token"),
+        "FLEET_METRICS_DIR": str(root / "metrics"),  # each process's Prometheus target (app.py)
     }
     command = [sys.executable, "-m", "uvicorn", "--app-dir", str(HERE), "--host", "127.0.0.1"]
     command += ["--port", str(port), "--workers", str(fleet["workers"]), "--no-access-log", "app:app"]
     log = open(directory / "server.log", "ab")  # noqa: SIM115 (the server's, for its life)
     return subprocess.Popen(command, cwd=directory, env=env, stdout=log, stderr=log, start_new_session=True)
+
+
+def _write_prometheus_config(root: Path) -> None:
+    """A Prometheus scrape configuration for this fleet: every process's target file in DIR/metrics."""
+    (root / "prometheus.yml").write_text(
+        "scrape_configs:\n"
+        "  - job_name: agent-fleet\n"
+        "    scrape_interval: 15s\n"
+        "    file_sd_configs:\n"
+        f"      - files: ['{root / 'metrics'}/*.json']\n"
+        "        refresh_interval: 5s\n"
+    )
 
 
 def _private(path: Path) -> Path:
