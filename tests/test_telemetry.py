@@ -8,6 +8,7 @@ The SDK's providers are global, set once per process: this module sets them for 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -30,7 +31,13 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 
-from citadeldb_openai_agents import CitadelSessionStore, CorruptDatabaseError, SessionNotFoundError  # noqa: E402
+from citadeldb_openai_agents import (  # noqa: E402
+    CitadelSessionError,
+    CitadelSessionStore,
+    CorruptDatabaseError,
+    SessionNotFoundError,
+    shard_for,
+)
 
 from conftest import KEY  # noqa: E402
 
@@ -461,3 +468,51 @@ def test_the_trace_example_shows_one_served_turn_as_one_trace_over_both_processe
         (2, "add_items", "[client]"),
         (4, "append", "[owner]"),
     ]
+
+
+def test_a_refused_handshake_is_counted_by_its_cause_in_the_owner(
+    db_path: Path, reader: InMemoryMetricReader
+) -> None:
+    import socket as sockets
+
+    from citadeldb_openai_agents.serving.address import socket_path
+
+    before = measured(reader)
+    with CitadelSessionStore(db_path, KEY, argon2_profile="iot") as store:
+        assert store.served_by is None  # this process owns and serves the file
+        with sockets.socket(sockets.AF_UNIX) as peer:
+            peer.connect(socket_path(str(db_path.resolve())))
+            peer.sendall(b"\xff" * 64)  # not a client of this package
+            peer.settimeout(10)
+            with contextlib.suppress(ConnectionResetError):
+                assert peer.recv(64) == b""  # dropped
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            counted = grew(
+                before, measured(reader), "citadel.handshake.refusals", citadel__refusal__cause="protocol"
+            )
+            if counted:
+                break
+            time.sleep(0.05)
+    assert counted == 1
+
+
+def test_a_ring_change_read_from_the_ring_file_is_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="citadeldb_openai_agents")
+    ring = tmp_path / "ring.toml"
+    ring.write_text('shards = ["a", "b"]\n')
+    with CitadelSessionStore(
+        tmp_path / "agent.cdl", KEY, argon2_profile="iot", ring_file=ring, shard="a"
+    ) as store:
+        mine = next(f"user-{n}" for n in range(100) if shard_for(f"user-{n}", ["a", "b"]) == "a")
+        asyncio.run(store.session(mine).get_items())
+        ring.with_suffix(".new").write_text('shards = ["a", "b", "c"]\nprevious = ["a", "b"]\n')
+        os.replace(ring.with_suffix(".new"), ring)
+        for _ in range(3):
+            with contextlib.suppress(CitadelSessionError):  # it may be moving now: refused, still read
+                asyncio.run(store.session(mine).get_items())
+    lines = [r for r in caplog.records if getattr(r, "citadel_event", None) == "ring_change"]
+    assert len(lines) == 1
+    assert lines[0].citadel_shards == ["a", "b", "c"] and lines[0].citadel_previous_shards == ["a", "b"]
