@@ -214,8 +214,13 @@ def original_python() -> Path:
     probe = (
         "import importlib.metadata as m; print(m.version('citadeldb-openai-agents'), m.version('citadeldb'))"
     )
-    found = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, check=False, cwd="/")
-    if found.returncode != 0 or not found.stdout.startswith("2.7.0 2.7."):
+    # A fresh machine has no such environment yet: it is built here, as CI's slow tier needs it.
+    found = (
+        subprocess.run([str(python), "-c", probe], capture_output=True, text=True, check=False, cwd="/")
+        if python.exists()
+        else None
+    )
+    if found is None or found.returncode != 0 or not found.stdout.startswith("2.7.0 2.7."):
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
         subprocess.run([str(python), "-m", "pip", "install", "-q", *REQUIREMENTS], check=True, timeout=900)
     return python
