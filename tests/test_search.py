@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import sys
 from pathlib import Path
 
 import citadeldb
@@ -91,6 +93,34 @@ async def test_a_json_tool_output_is_embedded_as_readable_pairs_and_returned_ver
         f"{question}\n{deep['output']}",  # deeper than json reads: as it is
     ]
     assert await store.session("s").get_items() == [QUESTION, call, result, not_json, deep]
+
+
+async def test_embedding_a_deep_tool_output_loses_no_finaliser(make_store, monkeypatch) -> None:
+    # json's parser recurses in C: run near the recursion limit, whatever Python code the
+    # garbage collector runs meanwhile (here a gc callback; in a service, an abandoned
+    # generator's close) fails with RecursionError and is dropped as "unraisable". Deep text
+    # must therefore not be parsed at all.
+    lost: list[str] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: lost.append(unraisable.exc_type.__name__))
+
+    def collector_runs_python(phase: str, info: dict[str, int]) -> None:
+        def nested(depth: int) -> int:
+            return nested(depth - 1) if depth else 0
+
+        nested(20)
+
+    session = make_store(embedder=StubEmbedder()).session("s")
+    deep = {"type": "function_call_output", "call_id": "c3", "output": "[" * 5000 + "]" * 5000}
+    threshold = gc.get_threshold()
+    gc.callbacks.append(collector_runs_python)
+    gc.set_threshold(1)  # a collection at every allocation: one happens at every depth
+    try:
+        await session.add_items([QUESTION, deep])
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(collector_runs_python)
+    assert lost == []
+    assert await session.get_items() == [QUESTION, deep]
 
 
 async def test_a_users_statement_is_not_ranked_down_as_their_questions_are(make_store) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -214,6 +215,24 @@ def in_context(question: str, text: str, from_user: bool) -> str:
 
 # Larger outputs are embedded as they are: the model reads only its first few hundred tokens.
 _READABLE_LIMIT = 65_536
+# Deeper JSON is embedded as it is. Parsing it is not attempted at all: json's parser recurses
+# in C, and near the recursion limit any finaliser the garbage collector runs meanwhile (an
+# abandoned generator's, a span's context manager's) fails with RecursionError and is lost.
+_READABLE_DEPTH = 64
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def _nests_deeper_than(text: str, limit: int) -> bool:
+    """Whether the brackets outside JSON strings in `text` nest deeper than `limit`."""
+    if text.count("[") + text.count("{") <= limit:  # the common case: no scan
+        return False
+    depth = 0
+    for bracket in _BRACKET.finditer(_STRING.sub("", text)):
+        depth += 1 if bracket.group() in "[{" else -1
+        if depth > limit:
+            return True
+    return False
 
 
 def readable(text: str) -> str:
@@ -221,7 +240,7 @@ def readable(text: str) -> str:
     text unchanged. A language model embeds `booking ref: FNW-5530` nearer to "garage booking
     reference" than `{"booking_ref": "FNW-5530"}` (benchmarks/search_quality: the development
     set's tool outputs)."""
-    if len(text) > _READABLE_LIMIT or text[:1] not in ("{", "["):
+    if len(text) > _READABLE_LIMIT or text[:1] not in ("{", "[") or _nests_deeper_than(text, _READABLE_DEPTH):
         return text
     try:
         value = json.loads(text)
