@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import subprocess
 import sys
 import warnings
 from collections.abc import Iterator
@@ -17,7 +19,7 @@ from citadeldb_openai_agents import (
     WrongPassphraseError,
     from_config,
 )
-from citadeldb_openai_agents.config import build_embedder
+from citadeldb_openai_agents.config import build_embedder, new_passphrase
 
 PASSPHRASE = "correct horse battery staple 7f3a"
 EXAMPLE = Path(__file__).resolve().parent.parent / "config.example.toml"
@@ -718,3 +720,54 @@ def test_a_table_that_is_not_json_is_listed_with_its_source(
     monkeypatch.setenv("CITADEL_SECRETS_DIR", str(secrets))
     with pytest.raises(ConfigurationError, match="citadel_embedder is not valid JSON"):
         CitadelSettings()
+
+
+# -- a passphrase variable unset after it was read (config/taken.py) ----------------------------
+
+
+def test_citadel_key_unset_since_it_was_read_gives_way_to_whatever_source_is_set_now(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a test suite does it (monkeypatch.setenv/delenv per configuration), in one process:
+    CITADEL_KEY is taken out of os.environ when read, and once unset it counts only where no
+    other source gives a passphrase; a child never inherits it."""
+    monkeypatch.setenv("CITADEL_ARGON2_PROFILE", "iot")
+    with monkeypatch.context() as first:
+        first.setenv("CITADEL_KEY", PASSPHRASE)
+        first.setenv("CITADEL_PATH", str(tmp_path / "first.cdl"))
+        with from_config() as store:
+            asyncio.run(store.session("user-1").add_items([{"role": "user", "content": "hello"}]))
+        child = subprocess.run(
+            [sys.executable, "-c", "import os; print('CITADEL_KEY' in os.environ)"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert child.stdout == "False\n"
+    key_file = write(tmp_path / "other.key", "the key file's passphrase\n")
+    with monkeypatch.context() as second:  # CITADEL_KEY is unset now; a key file is named
+        second.setenv("CITADEL_KEY_FILE", str(key_file))
+        settings = CitadelSettings()
+        assert settings.key.get_secret_value() == "the key file's passphrase"
+        assert settings.provenance("key").origin.kind == "key file"
+    toml = write(tmp_path / "deploy.toml", f'key_file = "{key_file}"\n')
+    with monkeypatch.context() as third:  # a TOML file names one
+        third.setenv("CITADEL_CONFIG", str(toml))
+        assert CitadelSettings().key.get_secret_value() == "the key file's passphrase"
+    printer = write(tmp_path / "print-key", "#!/bin/sh\necho 'the command passphrase'\n", mode=0o700)
+    with monkeypatch.context() as fourth:  # a key command
+        fourth.setenv("CITADEL_KEY_COMMAND", str(printer))
+        assert CitadelSettings().key.get_secret_value() == "the command passphrase"
+    with monkeypatch.context() as fifth:  # nothing else set: the kept value still opens the file
+        fifth.setenv("CITADEL_PATH", str(tmp_path / "first.cdl"))
+        settings = CitadelSettings()
+        assert str(settings.provenance("key").origin) == "environment variable CITADEL_KEY"
+        with from_config(settings) as store:
+            assert store.session_ids() == ["user-1"]
+    # The rotation's and the import's variables follow the same rule.
+    with monkeypatch.context() as rotation:
+        rotation.setenv("CITADEL_NEW_KEY", "new one")
+        assert new_passphrase() == ("new one", "CITADEL_NEW_KEY")
+    with monkeypatch.context() as rotation:
+        rotation.setenv("CITADEL_NEW_KEY_FILE", str(key_file))
+        assert new_passphrase() == ("the key file's passphrase", f"CITADEL_NEW_KEY_FILE {key_file}")

@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 
 from ..errors import ConfigurationWarning
-from .taken import take_variable
+from .taken import kept_variable, take_variable
 
 
 def read_key_file(path: str | os.PathLike[str]) -> str:
@@ -107,4 +107,6 @@ def _passphrase_given(
         return value, variable
     if file is not None:
         return read_key_file(file), f"{file_variable} {file}"
-    return None
+    # Unset since it was read: it counts only when nothing else is set now.
+    kept = kept_variable(variable)
+    return None if kept is None else (kept, variable)

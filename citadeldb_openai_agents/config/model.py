@@ -59,6 +59,7 @@ from .provenance import (
 from .sources import (
     CredentialsDirectorySource,
     EnvironmentSource,
+    KeptVariableSource,
     Layer,
     SecretsDirectorySource,
     TomlFileSource,
@@ -321,7 +322,8 @@ class CitadelSettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         """Arguments, then CITADEL_* variables, then the secrets directory, then systemd's
-        credentials directory (its citadel_key only), then the TOML file.
+        credentials directory (its citadel_key only), then the TOML file, then a CITADEL_KEY this
+        process read and that is unset now (config/taken.py).
 
         No .env file: deployments set real variables. pydantic-settings' own
         environment and secrets sources are replaced by ones that report mistakes.
@@ -337,12 +339,14 @@ class CitadelSettings(BaseSettings):
         secrets = SecretsDirectorySource(settings_cls, loading, secrets_dir)
         # systemd's credentials rank with the secrets directory, below one the operator named.
         credentials = CredentialsDirectorySource(settings_cls, loading)
+        kept = KeptVariableSource(settings_cls, loading)  # CITADEL_KEY unset since it was read
         return (
             Layer(init_settings, lambda name: Origin(ARGUMENT, name), loading),
             Layer(environment, environment.origin, loading),
             Layer(secrets, secrets.origin, loading),
             Layer(credentials, credentials.origin, loading),
             Layer(toml, toml.origin, loading),
+            Layer(kept, kept.origin, loading),
         )
 
     # -- validation -----------------------------------------------------------------------

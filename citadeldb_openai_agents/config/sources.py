@@ -28,7 +28,7 @@ from ..hints import closest
 from .keyfile import read_key_file
 from .names import CREDENTIALS_VARIABLE, ENV_PREFIX, OPTION_VARIABLES, environment_variable, nested_model
 from .provenance import CREDENTIAL, ENVIRONMENT, SECRETS_DIRECTORY, TOML_FILE, LoadState, Origin
-from .taken import take_variable
+from .taken import kept_variable, take_variable
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -228,6 +228,31 @@ class CredentialsDirectorySource(PydanticBaseSettingsSource):
 
     def __repr__(self) -> str:
         return f"CredentialsDirectorySource({self.path})"
+
+
+class KeptVariableSource(PydanticBaseSettingsSource):
+    """``CITADEL_KEY`` as it was when this process took it out of ``os.environ`` (taken.py), now
+    unset: ranked below every other source, so it configures only what names no passphrase (a
+    second `from_config()`), never one that now names a key file, a command or a credential."""
+
+    def __init__(self, settings_cls: type[BaseSettings], loading: LoadState) -> None:
+        super().__init__(settings_cls)
+        self._loading = loading
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ gives the one value
+
+    def __call__(self) -> dict[str, Any]:
+        kept = kept_variable(KEY_VARIABLE)
+        if not kept or self._loading.passphrase_origin is not None:
+            return {}
+        return {"key": kept}
+
+    def origin(self, name: str) -> Origin:
+        return Origin(ENVIRONMENT, KEY_VARIABLE)
+
+    def __repr__(self) -> str:
+        return "KeptVariableSource()"
 
 
 class TomlFileSource(PydanticBaseSettingsSource):

@@ -19,8 +19,11 @@ from pydantic import SecretStr
 class TakenVariables:
     """The passphrase variables this process took out of ``os.environ``, each with its last value.
 
-    A variable set again (by the process, or a test) replaces what was kept; one that is absent
-    reads as the value it had when taken. The values are `SecretStr`: a repr shows none.
+    A variable set again (by the process, or a test) replaces what was kept. One that is absent
+    now was unset after it was read: its kept value stands in only where no other source gives a
+    passphrase (the settings rank it last), so a second `from_config()` still finds it, and a
+    configuration that now names a key file or command is not told the passphrase is set twice.
+    The values are `SecretStr`: a repr shows none.
     """
 
     def __init__(self) -> None:
@@ -28,13 +31,16 @@ class TakenVariables:
         self._lock = threading.Lock()
 
     def take(self, name: str) -> str | None:
-        """The variable's value, taken out of ``os.environ`` if it is there, else the one kept when
-        it was taken; None when it was never set."""
+        """The variable's value if it is set now, taken out of ``os.environ`` and kept; else None."""
         with self._lock:
             value = os.environ.pop(name, None)
             if value is not None:
                 self._values[name] = SecretStr(value)
-                return value
+            return value
+
+    def kept(self, name: str) -> str | None:
+        """The value kept when the variable was last taken; None when it never was."""
+        with self._lock:
             kept = self._values.get(name)
             return None if kept is None else kept.get_secret_value()
 
@@ -51,8 +57,13 @@ TAKEN = TakenVariables()
 
 
 def take_variable(name: str) -> str | None:
-    """`name`'s value, taken out of ``os.environ`` (kept in this process only); see `TakenVariables`."""
+    """`name`'s value if it is set now, taken out of ``os.environ`` (kept in this process only)."""
     return TAKEN.take(name)
+
+
+def kept_variable(name: str) -> str | None:
+    """The value `name` had when it was taken, though it is unset now; see `TakenVariables`."""
+    return TAKEN.kept(name)
 
 
 def forget_taken_variables() -> None:
