@@ -12,9 +12,12 @@ import os
 import re
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, fields, replace
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from .errors import EmptyPassphraseError
+
+if TYPE_CHECKING:
+    from agents.memory import SessionSettings
 
 Argon2Profile = Literal["iot", "desktop", "server"]
 SyncMode = Literal["full", "normal", "off"]
@@ -181,6 +184,27 @@ def check_passphrase(key: Any) -> str:
         del key  # bytes holding the passphrase: error trackers record a failed frame's locals
         raise TypeError(f"the passphrase must be a str, not {kind}")
     return key
+
+
+def coerce_session_settings(settings: SessionSettings | dict[str, Any] | None) -> SessionSettings | None:
+    """The SDK's `SessionSettings` for what a caller gave (None stays None), as the SDK's own
+    sessions take it: a dict becomes one at construction, and an unknown key raises `TypeError`
+    there, not at the first `get_items()`."""
+    if not isinstance(settings, dict):
+        return settings
+    # Imported here, only for a dict: loading the Agents SDK costs seconds a process that only
+    # reads and writes through the store (an owner, a cron job) never needs.
+    from agents import memory
+
+    coerce = getattr(memory, "coerce_session_settings", None)
+    if coerce is not None:
+        made: SessionSettings = coerce(settings)
+        return made
+    # openai-agents before 0.25 has no coerce_session_settings: the same rule, by hand.
+    unknown = sorted(set(settings) - {field.name for field in fields(memory.SessionSettings)})
+    if unknown:
+        raise TypeError(f"Unknown session settings: {', '.join(map(str, unknown))}")
+    return memory.SessionSettings(**settings)
 
 
 def _absolute(path: Any) -> str:

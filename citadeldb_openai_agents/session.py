@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import BranchError, CitadelSessionError, ForkedStoreError, SessionClosedError
 from .history import complete_despite_cancellation
-from .options import SessionOptions, TtlMode, check_max_items
+from .options import SessionOptions, TtlMode, check_max_items, coerce_session_settings
 from .original_api import refuse_region
 from .people import check_labels, check_owner, owner_by_pattern
 from .results import Erasure, HistoryHit
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from agents.memory import SessionSettings
 
 
-logger = logging.getLogger("citadeldb_openai_agents")
+module_logger = logging.getLogger("citadeldb_openai_agents")
 
 # Called with the session and the run's context before each history call a run makes.
 RunContextHook = Callable[["CitadelSession", "RunContextWrapper[Any]"], None]
@@ -59,6 +59,11 @@ class CitadelSession:
     ``ttl_mode`` ("item" or "session") and ``idle_ttl`` (seconds; ``math.inf``: never for
     idleness) replace the store's for this session from its next write on; the file keeps them
     with the session, so every process (and a `purge`) ends it by them. None: the store's.
+
+    ``session_settings`` takes a `SessionSettings` or a dict (``{"limit": 20}``), made a
+    `SessionSettings` here, as the SDK's sessions do: an unknown key raises `TypeError` at once.
+    ``logger`` receives the session's own log lines (as `AdvancedSQLiteSession`'s); default the
+    ``citadeldb_openai_agents`` logger.
     """
 
     def __init__(
@@ -68,7 +73,7 @@ class CitadelSession:
         key: str | None = None,
         *,
         store: CitadelSessionStore | None = None,
-        session_settings: SessionSettings | None = None,
+        session_settings: SessionSettings | dict[str, Any] | None = None,
         embedder: Any | None = None,
         ttl: float | None = None,
         on_run_context: RunContextHook | None = None,
@@ -78,9 +83,11 @@ class CitadelSession:
         owner: str | None = None,
         labels: dict[str, Any] | None = None,
         region: str | None = None,
+        logger: logging.Logger | None = None,
     ) -> None:
         try:
             refuse_region(region)  # 2.x's argument: raises, naming the way over (original_api.py)
+            settings = coerce_session_settings(session_settings)
             self._max_items = check_max_items(max_items)
             self.owner = None if owner is None else check_owner(owner, "CitadelSession's owner=")
             self.labels = None if labels is None else check_labels(labels, "CitadelSession's labels=")
@@ -105,7 +112,8 @@ class CitadelSession:
         finally:
             del key  # error trackers record a failed frame's locals (see database.acquire)
         self.session_id = session_id
-        self._session_settings = session_settings
+        self._session_settings = settings
+        self._logger = module_logger if logger is None else logger
         self._store = store
         self._history = store._history(
             session_id, None if own == SessionOptions() else own, self.owner, self.labels
@@ -124,8 +132,8 @@ class CitadelSession:
         return self._session_settings
 
     @session_settings.setter
-    def session_settings(self, settings: SessionSettings | None) -> None:
-        self._session_settings = settings
+    def session_settings(self, settings: SessionSettings | dict[str, Any] | None) -> None:
+        self._session_settings = coerce_session_settings(settings)
 
     @property
     def store(self) -> CitadelSessionStore:
@@ -385,7 +393,7 @@ class CitadelSession:
             if usage is not None:
                 await complete_despite_cancellation(asyncio.to_thread(self._history.store_usage, usage))
         except Exception as exc:
-            logger.error("failed to store the session's usage: %s: %s", type(exc).__name__, exc)
+            self._logger.error("failed to store the session's usage: %s", type(exc).__name__)
 
     @traced("get_session_usage")
     async def get_session_usage(self, branch_id: str | None = None) -> dict[str, int] | None:
@@ -515,18 +523,19 @@ class CitadelSessionStore(FileStore):
         self,
         session_id: str,
         *,
-        session_settings: SessionSettings | None = None,
+        session_settings: SessionSettings | dict[str, Any] | None = None,
         on_run_context: RunContextHook | None = None,
         max_items: int | None = None,
         ttl_mode: TtlMode | None = None,
         idle_ttl: float | None = None,
         owner: str | None = None,
         labels: dict[str, Any] | None = None,
+        logger: logging.Logger | None = None,
     ) -> CitadelSession:
         """A session (created on its first write); `WrongShardError` for another shard's.
         `on_run_context`, and `max_items`, `ttl_mode`, `idle_ttl` in place of the store's, and
-        `owner` (the person it is about; given none, the one `owner_pattern` finds in the id) and
-        `labels`: as `CitadelSession` takes them."""
+        `owner` (the person it is about; given none, the one `owner_pattern` finds in the id),
+        `labels`, `session_settings` (a dict too) and `logger`: as `CitadelSession` takes them."""
         self._check_open()
         self._file.check_shard(session_id)
         if owner is not None:
@@ -543,6 +552,7 @@ class CitadelSessionStore(FileStore):
             idle_ttl=idle_ttl,
             owner=owner,
             labels=labels,
+            logger=logger,
         )
         session.on_run_context = on_run_context
         return session

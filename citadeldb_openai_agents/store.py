@@ -67,7 +67,7 @@ class FileStore(OriginalStoreApi):
         *,
         embedder: Any | None = None,
         ttl: float | None = None,
-        session_settings: SessionSettings | None = None,
+        session_settings: SessionSettings | dict[str, Any] | None = None,
         argon2_profile: Argon2Profile | None = None,
         sync_mode: SyncMode | None = None,
         cache_size: int | None = None,
@@ -94,7 +94,7 @@ class FileStore(OriginalStoreApi):
             self.owner_pattern = check_owner_pattern(owner_pattern)
             adopted = checks.check_adopt(adopt)
             ring = Ring.of(shards, shard) if ring_file is None else RingFile.of(ring_file, shards, shard)
-            self.session_settings = session_settings
+            self.session_settings = checks.coerce_session_settings(session_settings)
             # The one options value, built once and passed whole (options.StoreOptions).
             options = StoreOptions.of(
                 ttl=ttl, ttl_mode=ttl_mode, idle_ttl=idle_ttl, sync_mode=sync_mode, cache_size=cache_size,

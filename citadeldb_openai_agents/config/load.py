@@ -26,7 +26,7 @@ from ..errors import (
 )
 from ..hints import closest
 from ..offline import file_status, reembed, repair_file, restore_backup, verify_file
-from ..options import FIXED_PER_FILE, StoreOptions
+from ..options import FIXED_PER_FILE, StoreOptions, coerce_session_settings
 from ..results import IntegrityReport, Progress, ReembedSummary, RepairReport, RestoreReport, StatusReport
 from ..session import CitadelSessionStore
 from ..shards import read_ring_file
@@ -149,10 +149,8 @@ _VERIFY_FAILED = (
 
 
 def _session_settings(limit: int) -> Any:
-    # Imported here: loading the Agents SDK costs seconds the operator commands never need.
-    from agents.memory import SessionSettings
-
-    return SessionSettings(limit=limit)
+    # The SDK is imported there, only now: it costs seconds the operator commands never need.
+    return coerce_session_settings({"limit": limit})
 
 
 def reembed_from_config(config: ConfigSource = None, *, progress: Progress | None = None) -> ReembedSummary:
