@@ -60,10 +60,7 @@ class CitadelSession:
     idleness) replace the store's for this session from its next write on; the file keeps them
     with the session, so every process (and a `purge`) ends it by them. None: the store's.
 
-    ``session_settings`` takes a `SessionSettings` or a dict (``{"limit": 20}``), made a
-    `SessionSettings` here, as the SDK's sessions do: an unknown key raises `TypeError` at once.
-    ``logger`` receives the session's own log lines (as `AdvancedSQLiteSession`'s); default the
-    ``citadeldb_openai_agents`` logger.
+    As the SDK's: ``session_settings`` may be a dict (unknown keys: `TypeError`); ``logger`` gets its logs.
     """
 
     def __init__(
@@ -87,7 +84,7 @@ class CitadelSession:
     ) -> None:
         try:
             refuse_region(region)  # 2.x's argument: raises, naming the way over (original_api.py)
-            settings = coerce_session_settings(session_settings)
+            session_settings = coerce_session_settings(session_settings)
             self._max_items = check_max_items(max_items)
             self.owner = None if owner is None else check_owner(owner, "CitadelSession's owner=")
             self.labels = None if labels is None else check_labels(labels, "CitadelSession's labels=")
@@ -111,13 +108,10 @@ class CitadelSession:
                 self._owns_store = True
         finally:
             del key  # error trackers record a failed frame's locals (see database.acquire)
-        self.session_id = session_id
-        self._session_settings = settings
-        self._logger = module_logger if logger is None else logger
-        self._store = store
-        self._history = store._history(
-            session_id, None if own == SessionOptions() else own, self.owner, self.labels
-        )
+        self.session_id, self._session_settings, self._store = session_id, session_settings, store
+        self._logger = logger or module_logger
+        own_options = None if own == SessionOptions() else own
+        self._history = store._history(session_id, own_options, self.owner, self.labels)
         self._closed, self.on_run_context = False, on_run_context
 
     @property
