@@ -23,13 +23,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_socket_security import stop_every_thread
 
 from citadeldb_openai_agents import CitadelSessionStore, WrongPassphraseError
 
 KEYS = ["rotation passphrase zero 0a1b", "rotation passphrase one 2c3d", "rotation passphrase two 4e5f"]
 TURN = 2  # items per turn
 
-# A process that writes turns to its own session until STOP exists; prints what it did, as JSON.
+# A process that writes turns to its own session until STOP exists: it says "turn N" after each,
+# then what it did, as JSON.
 WRITER = textwrap.dedent(
     """
     import asyncio, json, os, sys, time
@@ -52,6 +54,7 @@ WRITER = textwrap.dedent(
                 return
             done += 1
             stamps.append(time.monotonic())
+            print("turn", done, flush=True)
             await asyncio.sleep(0.005)
 
     print("ready", store.served_by or "owner", flush=True)
@@ -85,6 +88,49 @@ def start(script: str, *args: str, env: dict[str, str], cwd: Path) -> subprocess
     line = process.stdout.readline()
     assert line.startswith("ready"), (line, process.stderr.read() if process.stderr else "")
     return process
+
+
+# How long a writer may take to write TURNS turns more: 1.7 s at most under load
+# (benchmarks/suite_under_load.py --runs 3 --command -- python -m pytest -q -s tests/test_rotation.py,
+# 2026-12-08), after the takeover included: 35x.
+TURNS, TURNS_SECONDS = 20, 60.0
+
+
+class Writer:
+    """A WRITER process, its turns counted as it says them."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self.process = process
+        self.turns = 0
+        self._lines: list[str] = []
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            with self._changed:
+                self._lines.append(line)
+                if line.startswith("turn "):
+                    self.turns = int(line.split()[1])
+                self._changed.notify_all()
+
+    def wait_for(self, turns: int) -> None:
+        """Until it has written `turns` turns in all (an event, not a pause)."""
+        with self._changed:
+            done = self._changed.wait_for(
+                lambda: self.turns >= turns or self.process.poll() is not None, TURNS_SECONDS
+            )
+        assert done and self.turns >= turns, (
+            f"{turns} turns not written in {TURNS_SECONDS:g} s: {self.turns}, {self._lines[-1:]}"
+        )
+
+    def report(self) -> dict[str, Any]:
+        """What it did, once it has stopped (the stop file exists, or a write failed)."""
+        self.process.wait(timeout=120)
+        self._reader.join(timeout=120)
+        return json.loads(self._lines[-1])  # type: ignore[no-any-return]
 
 
 def rotate(directory: Path, new: str, env: dict[str, str]) -> tuple[float, float]:
@@ -127,16 +173,17 @@ def test_rotate_key_twice_under_a_served_load_and_a_takeover_loses_nothing(
     # secret manager's stand-in), named by CITADEL_KEY_COMMAND, which ranks above the TOML file.
     from_command = {**env, "CITADEL_KEY_COMMAND": json.dumps(["cat", str(key_file)])}
     writers = [
-        start(WRITER, f"load-{n}", str(stop), env=from_command if n == 2 else env, cwd=tmp_path)
+        Writer(start(WRITER, f"load-{n}", str(stop), env=from_command if n == 2 else env, cwd=tmp_path))
         for n in range(3)
     ]
     # Its passphrase from the environment: it cannot read a new one by itself.
     from_env = {**env, "CITADEL_KEY": KEYS[0], "CITADEL_PATH": str(tmp_path / "agent.cdl")}
-    env_writer = start(WRITER, "from-env", str(stop), env=from_env, cwd=tmp_path.parent)
+    env_writer = Writer(start(WRITER, "from-env", str(stop), env=from_env, cwd=tmp_path.parent))
     windows: list[tuple[float, float]] = []
     try:
         for new in KEYS[1:]:
-            time.sleep(1.0)
+            for writer in [*writers, env_writer]:  # under load: each writes TURNS turns more first
+                writer.wait_for(writer.turns + TURNS)
             windows.append(rotate(tmp_path, new, env))
             # The owner no longer accepts the old passphrase from a new process.
             with pytest.raises(WrongPassphraseError, match="does not accept it"):
@@ -150,16 +197,21 @@ def test_rotate_key_twice_under_a_served_load_and_a_takeover_loses_nothing(
                 owner.wait(timeout=30)
                 time.sleep(1.5)
             write_key(key_file, new)
-        time.sleep(2.0)
+        # Each client of the key file goes on through the next owner; the environment's stops at its
+        # first write after the takeover (its error came 1.2 s at most after the SIGKILL, under load
+        # as TURNS_SECONDS says; the test waited a fixed 3.5 s for it).
+        for writer in writers:
+            writer.wait_for(writer.turns + TURNS)
+        env_writer.process.wait(timeout=TURNS_SECONDS)
     finally:
         stop.touch()
-        reports = [json.loads(w.communicate(timeout=120)[0].strip().splitlines()[-1]) for w in writers]
-        env_report = json.loads(env_writer.communicate(timeout=120)[0].strip().splitlines()[-1])
+        reports = [writer.report() for writer in writers]
+        env_report = env_writer.report()
         if owner.poll() is None:
             owner.kill()
-    for report in reports:
+    for writer, report in zip(writers, reports, strict=True):
         assert report["error"] is None, report
-        assert report["turns"] > 20, report
+        assert report["turns"] >= writer.turns >= 3 * TURNS, report  # it wrote throughout
     # The environment's client wrote until the takeover, then was told why it cannot go on.
     assert env_report["error"] is not None and env_report["error"].startswith("WrongPassphraseError")
     assert "was changed (rotate-key)" in env_report["error"] and "CITADEL_KEY" in env_report["error"]
@@ -218,13 +270,17 @@ def test_a_write_in_flight_when_the_owner_dies_after_a_rotation_is_told_unknown(
             asyncio.run(session.add_items([{"role": "user", "content": "before"}]))
             rotate(tmp_path, KEYS[1], env)
             asyncio.run(session.add_items([{"role": "user", "content": "after the rotation"}]))
-            owner.send_signal(signal.SIGSTOP)  # the next write is sent, and never answered
+            # The next write is sent, and never answered: every thread of the owner stopped first (a
+            # loaded machine's owner, signalled only, once stored the write before its group stop).
+            stop_every_thread(owner.pid)
             failed: list[BaseException] = []
             writer = threading.Thread(
                 target=lambda: _caught(failed, session.add_items([{"role": "user", "content": "in flight"}]))
             )
             writer.start()
-            time.sleep(0.5)
+            time.sleep(
+                0.5
+            )  # the write was sent 4 ms at most after the start, under load (as TURNS_SECONDS says)
             owner.send_signal(signal.SIGKILL)
             owner.wait(timeout=30)
             writer.join(timeout=60)

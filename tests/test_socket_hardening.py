@@ -31,7 +31,8 @@ from conftest import KEY, Nobody
 
 # 48 threads of one process, each connecting to the owner's socket as fast as it is dropped:
 # each sends nothing, so the owner holds it until the handshake's deadline (5 s), or sends
-# garbage (argv[2] "garbage": dropped at once, and back at once).
+# garbage (argv[2] "garbage": dropped at once, and back at once). It says "flooding" and how many
+# connections it made once it has made 100 (not after a fixed time), and at the end how many in all.
 FLOOD = textwrap.dedent(
     """
     import socket, sys, threading, time
@@ -55,8 +56,10 @@ FLOOD = textwrap.dedent(
 
     for number in range(48):
         threading.Thread(target=flood, daemon=True).start()
-    time.sleep(1.0)
-    print("flooding", flush=True)
+    deadline = time.monotonic() + 60  # 100 took 0.03 s at most under load (as `_cli` says)
+    while count[0] < 100 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    print("flooding", count[0], flush=True)
     sys.stdin.read()
     print(count[0], flush=True)
     """
@@ -87,23 +90,66 @@ HOLDER = textwrap.dedent(
 )
 
 
+# The CLI (`python -m citadeldb_openai_agents ARGS`), counting the connections it opens to an owner
+# and those that failed (closed by the owner, turned away as busy, timed out), by error: its last
+# line on stderr is "connections N [ErrorName=COUNT ...]".
+COUNTING_CLI = textwrap.dedent(
+    """
+    import atexit, collections, runpy, sys
+    from citadeldb_openai_agents.serving import client
+
+    tried, failed, handshake = [0], collections.Counter(), client.RemoteOwner._handshake
+
+    def counted(self):
+        tried[0] += 1
+        try:
+            return handshake(self)
+        except BaseException as exc:
+            failed[type(exc).__name__] += 1
+            raise
+
+    def report():
+        print("connections", tried[0], *(f"{name}={n}" for name, n in failed.items()), file=sys.stderr, flush=True)
+
+    client.RemoteOwner._handshake = counted
+    atexit.register(report)
+    runpy.run_module("citadeldb_openai_agents", run_name="__main__", alter_sys=True)
+    """
+)
+
+
 def _cli(*args: str, env: dict[str, str]) -> tuple[float, subprocess.CompletedProcess[str]]:
+    """The CLI run with `args`: how long it took, and its outcome (stderr ends with its connections)."""
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "citadeldb_openai_agents", *args],
+        [sys.executable, "-c", COUNTING_CLI, *args],
         env=env,
         capture_output=True,
         text=True,
+        # A hang's bound: `sessions` or `erase` under a flood took 2.9 s at most under load
+        # (benchmarks/suite_under_load.py --runs 3 --command -- python -m pytest -q -s
+        # tests/test_socket_hardening.py -k flood, 2026-12-08): 20x.
         timeout=60,
     )
     return time.monotonic() - started, done
+
+
+def _connections(done: subprocess.CompletedProcess[str]) -> tuple[int, list[str]]:
+    """How many connections a `_cli` run opened to the owner, and how many failed, by error."""
+    word, count, *failed = done.stderr.splitlines()[-1].split()
+    assert word == "connections", done.stderr
+    return int(count), failed
 
 
 @pytest.mark.parametrize("sends", ["nothing", "garbage"])
 def test_a_flood_from_one_process_keeps_no_other_out(db_path: Path, sends: str) -> None:
     """The review's shape: 48 threads of one process reconnect as fast as they are dropped; the
     owner takes at most 4 of them into a handshake at a time, so `sessions` and `erase` run as a
-    client in another process, each within 5 s (before: 3 failures in a row, ~12 s each)."""
+    client in another process, each getting in at its first connection (before: 3 failures in a
+    row, ~12 s each, every connection closed or turned away while the flood held the handshakes).
+
+    What is checked is the cost's cause, the connections that failed (none), not how long the
+    commands took: 0.6 to 2.9 s under load, 0.6 to 1.7 s alone, where the bound was 5 s."""
     owner = Service(db_path)
     flood = None
     try:
@@ -114,20 +160,27 @@ def test_a_flood_from_one_process_keeps_no_other_out(db_path: Path, sends: str) 
             stdout=subprocess.PIPE,
             text=True,
         )
-        assert flood.stdout is not None and flood.stdout.readline().strip() == "flooding"
+        assert flood.stdout is not None
+        flooding, before = flood.stdout.readline().split()
+        assert flooding == "flooding" and int(before) >= 100, (flooding, before)
         env = {k: v for k, v in os.environ.items() if not k.startswith("CITADEL_")}
         env.update(CITADEL_PATH=str(db_path), CITADEL_KEY=KEY)
         took, listed = _cli("sessions", env=env)
         assert listed.returncode == 0 and "alice" in listed.stdout, listed.stderr
         print(f"sessions under a flood sending {sends}: {took:.2f} s")
-        assert took < 5.0, f"sessions took {took:.1f} s under the flood"
+        opened, failed = _connections(listed)
+        assert opened >= 1 and not failed, f"sessions was kept out: {listed.stderr}"
         took, erased = _cli("erase", "alice", "--yes", env=env)
         assert erased.returncode == 0, erased.stderr
         print(f"erase under a flood sending {sends}: {took:.2f} s")
-        assert took < 5.0, f"erase took {took:.1f} s under the flood"
+        opened, failed = _connections(erased)
+        assert opened >= 1 and not failed, f"erase was kept out: {erased.stderr}"
         assert owner.ask("count alice") == "0"
         flood_stdout, _ = flood.communicate("", timeout=30)
-        assert int(flood_stdout) > 100, "the flood did not reconnect as fast as it was dropped"
+        # It went on while the commands ran: 2,900 connections at least in their time under load
+        # (benchmarks/suite_under_load.py, as `_cli` says), 29x the 100 asked.
+        during = int(flood_stdout) - int(before)
+        assert during > 100, f"the flood made only {during} connections while the commands ran"
     finally:
         if flood is not None and flood.poll() is None:
             flood.kill()
