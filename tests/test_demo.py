@@ -27,7 +27,8 @@ def demo() -> str:
         [sys.executable, "-m", "citadeldb_openai_agents", "demo"],
         capture_output=True,
         text=True,
-        timeout=300,
+        # 85 s under load (benchmarks/suite_under_load.py, 2026-12-08), at the full socket-key cost: 10x that.
+        timeout=900,
         env=env,
         check=False,
     )

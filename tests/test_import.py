@@ -119,12 +119,14 @@ def importer_killed_part_way(database: Path, source: Path, at_least: int) -> Non
     shown = b""
     try:
         while not any(int(done) >= at_least for done in re.findall(rb"(\d+)/\d+ \[", shown)):
+            # 2.8 s at most between outputs under load (benchmarks/suite_under_load.py, 2026-12-08)
             ready, _, _ = select.select([terminal], [], [], 60)
             assert ready, f"no progress for 60 s: {shown[-300:]!r}"
             shown += os.read(terminal, 4096)
         assert importer.poll() is None, "the import ended before it could be interrupted"
     finally:
         importer.send_signal(signal.SIGKILL)
+        # killed: 0.034 s at most under load (benchmarks/suite_under_load.py, 2026-12-08)
         importer.wait(timeout=30)
         os.close(terminal)
     assert importer.returncode == -signal.SIGKILL

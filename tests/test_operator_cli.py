@@ -76,7 +76,7 @@ def run(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=120,  # the slowest command (an import): 9.9 s under load (benchmarks/suite_under_load.py)
     )
     assert_readable(done.stdout, done.stderr)
     return done
@@ -133,10 +133,12 @@ def on_terminal(
         for reply in replies:
             shown = b""
             while not shown.endswith(prompt):
+                # 2.8 s at most between outputs under load (benchmarks/suite_under_load.py)
                 ready, _, _ = select.select([main_end], [], [], 60)
                 assert ready, f"no prompt on the terminal; it shows {shown!r}"
                 shown += os.read(main_end, 1024)
             os.write(main_end, reply.encode() + b"\n")
+        # 1.6 s under load (benchmarks/suite_under_load.py, 2026-12-08)
         out, err = process.communicate(timeout=120)
     finally:
         os.close(main_end)
@@ -637,6 +639,7 @@ def holding(database: Path, script: str, *args: str) -> subprocess.Popen[str]:
 def stop(holder: subprocess.Popen[str]) -> None:
     assert holder.stdin is not None
     holder.stdin.close()
+    # 0.76 s at most under load (benchmarks/suite_under_load.py, 2026-12-08)
     holder.wait(timeout=60)
 
 

@@ -104,9 +104,13 @@ async def test_the_tool_never_returns_expired_items(make_store) -> None:
     store = make_store(ttl=0.4)
     session = store.session("s")
     await session.add_items([{"role": "user", "content": "My locker code is 31337."}])
+    # Citadel's clock cannot be injected: this waits past the item's expiry, which its write
+    # counted from a moment before `written` (history.py, `expires_at`), however slow the write.
     written = time.time()
-    time.sleep(max(0.0, written + 0.45 - time.time()))  # Citadel's clock cannot be injected
-    await session.add_items([{"role": "user", "content": "Where is the locker room?"}])
+    time.sleep(max(0.0, written + 0.45 - time.time()))
+    # The next item never expires (a store on the file without a TTL writes it), so the tool
+    # finds it however long the write and the search take.
+    await make_store().session("s").add_items([{"role": "user", "content": "Where is the locker room?"}])
     output = await call_tool(session, "locker code")
     assert "31337" not in output and "#1, user: Where is the locker room?" in output
 

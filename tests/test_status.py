@@ -119,6 +119,7 @@ def test_a_served_file_is_asked_of_its_owner_which_stays_its_owner(
         with CitadelSessionStore(path, KEY, adopt=["erasure_ledger"]) as client:
             assert client.served_by == owner.pid
     finally:
+        # 0.5 s at most under load (benchmarks/suite_under_load.py, 2026-12-08)
         owner.communicate("", timeout=60)
 
 
@@ -144,6 +145,7 @@ def test_a_file_held_by_a_process_that_does_not_serve_it_is_named(tmp_path: Path
         with pytest.raises(DatabaseLockedError, match=str(holder.pid)):
             file_status(path, KEY)
     finally:
+        # 0.51 s at most under load (benchmarks/suite_under_load.py, 2026-12-08)
         holder.communicate("", timeout=60)
 
 

@@ -7,19 +7,26 @@ import time
 import pytest
 from test_erasure import memory_of, stored_ids
 
-TTL = 0.4
+# Citadel compares expiry with its own wall clock, which cannot be injected, so the times are real.
+# An item must still be there for the reads right after its write: the slowest write-then-reads
+# here (from the write's start to the end of the reads that must still find it) took 0.16 s
+# with two busy loops beside it (benchmarks/suite_under_load.py --runs 1 --command -- python -m
+# pytest -q -s tests/test_ttl.py, 2026-12-08): the TTL is over 10x that.
+TTL = 2.0
 
 
-def wait_until_expired(written_at: float) -> None:
-    # Citadel compares expiry with its own wall clock, which cannot be injected.
-    time.sleep(max(0.0, written_at + TTL + 0.05 - time.time()))
+def wait_until_expired(written_by: float) -> None:
+    """Sleep until every item written before `written_by` (`time.time()` taken once the writes
+    returned) has expired: an item's expiry is the TTL from a moment inside its write (history.py,
+    `expires_at`), so it is before the one this sleeps until, however slow the write was."""
+    time.sleep(max(0.0, written_by + TTL + 0.05 - time.time()))
 
 
 async def test_expired_items_disappear_from_every_method(make_store) -> None:
     store = make_store(ttl=TTL)
     session = store.session("s")
-    written = time.time()
     await session.add_items([{"role": "user", "content": "ephemeral fact about llamas"}])
+    written = time.time()
     assert store.session_ids() == ["s"]
     wait_until_expired(written)
     assert await session.get_items() == []
@@ -31,10 +38,11 @@ async def test_expired_items_disappear_from_every_method(make_store) -> None:
 
 async def test_purge_expired_erases_and_counts(make_store) -> None:
     store = make_store(ttl=TTL)
-    written = time.time()
     for sid in ("a", "b"):
         await store.session(sid).add_items([{"n": 1}, {"n": 2}, {"n": 3}])
+    written = time.time()
     regions = stored_ids(store, "a")
+    assert [len(ids) for ids in regions.values()] == [3], "still there: the ids of what purge erases"
     wait_until_expired(written)
     assert store.purge_expired() == 6
     assert store.purge_expired() == 0
@@ -46,9 +54,10 @@ async def test_purge_expired_erases_and_counts(make_store) -> None:
 async def test_next_write_erases_the_sessions_expired_items(make_store) -> None:
     store = make_store(ttl=TTL)
     session = store.session("s")
-    written = time.time()
     await session.add_items([{"old": 1}])
+    written = time.time()
     [(region, old_ids)] = stored_ids(store, "s").items()
+    assert len(old_ids) == 1, "still there: the id of what the next write erases"
     wait_until_expired(written)
     await session.add_items([{"new": 1}])
     assert [a.verdict for a in memory_of(store).verify(region, old_ids)] == ["missing"]
@@ -59,8 +68,8 @@ async def test_live_items_survive_beside_expired_ones(make_store) -> None:
     forever = make_store()
     await forever.session("s").add_items([{"keep": 1}])
     expiring = make_store(ttl=TTL)
-    written = time.time()
     await expiring.session("s").add_items([{"drop": 1}])
+    written = time.time()
     wait_until_expired(written)
     assert await forever.session("s").get_items() == [{"keep": 1}]
     assert await expiring.session("s").get_items(limit=1) == [{"keep": 1}]
