@@ -10,6 +10,7 @@ line of its standard error, never by a character of its standard output.
 from __future__ import annotations
 
 import os
+import selectors
 import shlex
 import signal
 import subprocess
@@ -23,6 +24,8 @@ DEFAULT_TIMEOUT = 10.0
 
 # A stderr line quoted in an error is cut here: enough to say why, not a whole log.
 _STDERR_SHOWN = 200
+# A passphrase is a line: a command printing more than this is not printing one (`yes`).
+OUTPUT_LIMIT = 64 * 1024
 
 
 def command_argv(value: Any) -> list[str]:
@@ -49,9 +52,10 @@ def run_key_command(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT) -> tu
     """The passphrase `argv` prints, and how long it took to, in seconds.
 
     Raises `ValueError` naming the command, with its exit status and the first line of its
-    standard error, when it cannot be started, exits non-zero, runs past `timeout` seconds
-    (then it and the processes it started are killed), prints nothing, or prints what is not
-    UTF-8. The message never holds its standard output.
+    standard error, when it cannot be started, exits non-zero, runs past `timeout` seconds,
+    prints nothing, more than `OUTPUT_LIMIT` bytes, or what is not UTF-8. Its whole process group
+    is ended once it is done, so nothing it started in the background stays. The message never
+    holds its standard output: any line of it is taken out of the standard error quoted.
     """
     started = time.monotonic()
     outcome = _run(list(argv), timeout)
@@ -73,8 +77,8 @@ def _run(argv: list[str], timeout: float) -> tuple[int, bytes, bytes] | str:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            # Its own process group: a timeout kills what it started too (a shell script's
-            # `sleep`, which would otherwise hold the pipe open and the wait with it).
+            # Its own process group: what it started goes with it (a shell script's `sleep`,
+            # which would otherwise hold the pipe open and the wait with it, or a daemon left behind).
             start_new_session=True,
         )
     except FileNotFoundError:
@@ -85,15 +89,53 @@ def _run(argv: list[str], timeout: float) -> tuple[int, bytes, bytes] | str:
         return f"cannot be run: {exc.strerror}; correct key_command"
     with process:
         try:
-            out, err = process.communicate(timeout=timeout)
+            read = _read_both(process, time.monotonic() + timeout)
+            if read is None:
+                return _timed_out(timeout)
+            if isinstance(read, str):
+                return read
+            process.wait(max(0.0, timeout))
         except subprocess.TimeoutExpired:
-            _kill_group(process)
+            return _timed_out(timeout)
+        finally:
+            _kill_group(process)  # also when it exited: nothing it started outlives it
             process.wait()
-            return (
-                f"did not finish within {timeout:g} s and was stopped; check that it can run without a "
-                "prompt (its standard input is /dev/null), or raise key_command_timeout"
-            )
-    return process.returncode, out, err
+    return process.returncode, *read
+
+
+def _read_both(process: subprocess.Popen[bytes], deadline: float) -> tuple[bytes, bytes] | str | None:
+    """Its stdout (at most `OUTPUT_LIMIT` bytes) and stderr (its first `OUTPUT_LIMIT` kept, the rest
+    read and dropped, so the command never blocks on a full pipe), until both close; None when
+    `deadline` passes first, why it was stopped when it printed too much."""
+    assert process.stdout is not None and process.stderr is not None
+    out, err = bytearray(), bytearray()
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ, out)
+        selector.register(process.stderr, selectors.EVENT_READ, err)
+        while selector.get_map():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            for key, _ in selector.select(remaining):
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                    continue
+                kept: bytearray = key.data
+                kept.extend(chunk[: max(0, OUTPUT_LIMIT + 1 - len(kept))])
+                if len(out) > OUTPUT_LIMIT:
+                    return (
+                        f"printed more than {OUTPUT_LIMIT // 1024} KiB and was stopped; it must print "
+                        "the passphrase alone"
+                    )
+    return bytes(out), bytes(err)
+
+
+def _timed_out(timeout: float) -> str:
+    return (
+        f"did not finish within {timeout:g} s and was stopped; check that it can run without a "
+        "prompt (its standard input is /dev/null), or raise key_command_timeout"
+    )
 
 
 def _kill_group(process: subprocess.Popen[bytes]) -> None:
@@ -105,7 +147,7 @@ def _kill_group(process: subprocess.Popen[bytes]) -> None:
 
 def _failure(status: int, out: bytes, err: bytes) -> str | None:
     """Why a finished command gave no passphrase, in words without its output; None: it did."""
-    said = _first_line(err)
+    said = _first_line(err, out)
     if status < 0:
         return f"was killed by signal {-status} ({_signal_name(-status)}){said}; run it by hand as this user to see why"
     if status != 0:
@@ -120,11 +162,17 @@ def _failure(status: int, out: bytes, err: bytes) -> str | None:
     return None
 
 
-def _first_line(err: bytes) -> str:
+def _first_line(err: bytes, out: bytes) -> str:
+    """The first line of its stderr, with anything its stdout printed taken out: a failing tool
+    may echo what it was about to print, or the secret it was given (`vault: token ... rejected`
+    is told apart by the operator from the command, not from the token)."""
     lines = err.decode("utf-8", "replace").strip().splitlines()
     if not lines:
         return ", and nothing on its standard error"
     line = lines[0].strip()
+    for printed in sorted(set(out.decode("utf-8", "replace").splitlines()), key=len, reverse=True):
+        if printed.strip():
+            line = line.replace(printed.strip(), "[its output, left out]")
     cut = line[:_STDERR_SHOWN] + ("…" if len(line) > _STDERR_SHOWN else "")
     return f"; its standard error began: {cut}"
 

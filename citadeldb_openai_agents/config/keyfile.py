@@ -7,7 +7,9 @@ character kept, whitespace included: a passphrase may contain any of them.
 from __future__ import annotations
 
 import os
+import select
 import stat
+import time
 import warnings
 from pathlib import Path
 
@@ -19,18 +21,24 @@ def read_key_file(path: str | os.PathLike[str]) -> str:
     """The passphrase in `path`, one trailing newline stripped.
 
     Raises `ValueError` naming the path (never the content) when the file is
-    missing, unreadable, not UTF-8 or empty; warns (`ConfigurationWarning`) when
-    group or others can read it.
+    missing, unreadable, larger than `KEY_FILE_LIMIT`, not UTF-8 or empty, or a pipe not
+    written to within `PIPE_SECONDS`; warns (`ConfigurationWarning`) when group or others can
+    read it.
     """
     path = Path(path).expanduser().absolute()
     try:
-        data = path.read_bytes()
+        data = _read_bounded(path)
     except FileNotFoundError:
         raise ValueError(
             f"the key file {path} does not exist; create it (chmod 600) or correct the path"
         ) from None
     except IsADirectoryError:
         raise ValueError(f"the key file {path} is a directory; point to the file inside it") from None
+    except TimeoutError:
+        raise ValueError(
+            f"the key file {path} is a pipe that nothing was written to within {PIPE_SECONDS:g} s; "
+            "point key_file at a file, or write the passphrase into the pipe"
+        ) from None
     except OSError as exc:
         raise ValueError(
             f"the key file {path} cannot be read ({exc.strerror}); check its owner and mode"
@@ -45,6 +53,55 @@ def read_key_file(path: str | os.PathLike[str]) -> str:
         raise ValueError(f"the key file {path} is empty; write the passphrase into it")
     _warn_if_shared(path)
     return passphrase
+
+
+# A passphrase is a line: a key file larger than this is not one (a log, /dev/zero).
+KEY_FILE_LIMIT = 64 * 1024
+# A pipe (bash's <(pass show agent), a FIFO) must be written within this, or it is not waited on.
+PIPE_SECONDS = 10.0
+
+
+def _read_bounded(path: Path) -> bytes:
+    """The file's bytes, at most `KEY_FILE_LIMIT`; a pipe or device read with a deadline, so a FIFO
+    no one writes to cannot hang the process (opened without blocking). `ValueError` past either."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(descriptor).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError
+        if stat.S_ISREG(mode):
+            os.set_blocking(descriptor, True)
+            data = _read_up_to(descriptor, None)
+        else:
+            data = _read_up_to(descriptor, time.monotonic() + PIPE_SECONDS)
+    finally:
+        os.close(descriptor)
+    if len(data) > KEY_FILE_LIMIT:
+        raise ValueError(
+            f"the key file {path} holds more than {KEY_FILE_LIMIT // 1024} KiB; a key file holds the "
+            "passphrase alone, on one line"
+        )
+    return data
+
+
+def _read_up_to(descriptor: int, deadline: float | None) -> bytes:
+    """Up to one byte past the limit; with a `deadline`, waiting for each read no longer than it."""
+    chunks: list[bytes] = []
+    size = 0
+    while size <= KEY_FILE_LIMIT:
+        if deadline is not None:
+            ready, _, _ = select.select([descriptor], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise TimeoutError
+        try:
+            chunk = os.read(descriptor, KEY_FILE_LIMIT + 1 - size)
+        except BlockingIOError:  # a pipe's writer has not written yet
+            continue
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
 
 
 def without_one_newline(text: str) -> str:
