@@ -849,3 +849,17 @@ def test_the_cli_asks_before_erasing_a_person_and_erases_nothing_unconfirmed(
     )
     with CitadelSessionStore(configured, KEY) as store:
         assert len(store.sessions(owner="alice")) == 2
+
+
+def test_the_pattern_reads_only_the_first_1024_characters_of_an_id(make_store: MakeStore) -> None:
+    """Bounded before matching (issue 59: an unanchored pattern took 1.41 s on a 20,000-character
+    id): what lies past the first 1,024 characters never makes an owner."""
+    store = make_store(owner_pattern="(?P<owner>u[^:]{0,30}):")  # unanchored: tried at every position
+    inside = "-" * 1000 + "u7:chat"
+    past = "-" * 1024 + "u7:chat"
+    write(store, inside, "hi")
+    write(store, past, "hi")
+    write(store, "x" * 20_000, "hi")  # no colon at all: the worst case for an unanchored search
+    owners = dict(listed(store))
+    assert owners[inside] == "u7"
+    assert owners[past] is None and owners["x" * 20_000] is None
