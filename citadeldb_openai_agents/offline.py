@@ -100,7 +100,13 @@ def repair_file(
     is written again with its kept items and the backup's it lacks, in the order written. Every
     other session is left as the live file has it.
     """
-    options = StoreOptions.of(argon2_profile=argon2_profile, sync_mode=sync_mode)
+    # The ledger in the options too: repair checks it reaches the damaged file's head first.
+    options = StoreOptions.of(
+        argon2_profile=argon2_profile,
+        sync_mode=sync_mode,
+        erasure_ledger=erasure_ledger,
+        ledger_mirror=ledger_mirror,
+    )
     notes: list[str] = []
     fill = None
     if from_backup is not None:

@@ -424,6 +424,7 @@ class RepairReport:
 
     `repaired` is False when the file was not damaged (nothing changed). `lost`: each session that
     lost items; every other session kept every item. `aside`: where the damaged files were moved.
+    `replayed`: the erasure ledger's entries a rolled-back file lacked, erased again (`items_erased`).
     """
 
     path: str
@@ -433,6 +434,8 @@ class RepairReport:
     damage: str  # the audit's description of what was found
     backup: str | None = None  # the backup lost items were taken from
     notes: tuple[str, ...] = ()  # sessions the backup could not complete, with why; the ledger's notes
+    replayed: int = 0  # the ledger's entries the file lacked (put back from an older copy), done again
+    items_erased: int = 0  # what those entries erased again
 
     @property
     def items_lost(self) -> int:

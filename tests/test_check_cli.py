@@ -6,8 +6,10 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -328,3 +330,29 @@ def test_the_passphrase_never_appears_in_any_output(deployed: Path) -> None:
             assert secret not in out and secret not in err, name
         assert "Traceback" not in err, (name, err)
     assert exit_codes == {name: 0 if name.startswith("valid") else 1 for name in LEAK_SCENARIOS}
+
+
+def test_a_ledger_with_no_copy_off_the_databases_filesystem_is_warned_about(deployed: Path) -> None:
+    """Issue 59: whoever can delete or roll back the database can empty a ledger beside it; only a
+    copy on another volume stands against that. /dev/shm (tmpfs) stands in for another volume."""
+    ledger = str(deployed / "erasures.jsonl")
+    beside = check(cwd=deployed, CITADEL_ERASURE_LEDGER=ledger)
+    assert beside.returncode == 0, beside.stderr
+    assert (
+        f"warning: the erasure_ledger {ledger} is on the same filesystem as the database "
+        f"{deployed / 'app.cdl'}: whoever can delete or roll back the database there can empty the "
+        "ledger too"
+    ) in beside.stderr
+    assert "set ledger_mirror (CITADEL_LEDGER_MIRROR) to a file on another volume" in beside.stderr
+    mirror = str(deployed / "mirror.jsonl")
+    both = check(cwd=deployed, CITADEL_ERASURE_LEDGER=ledger, CITADEL_LEDGER_MIRROR=mirror)
+    assert f"and its ledger_mirror {mirror} are on the same filesystem" in both.stderr
+    assert "move ledger_mirror to a file on another volume" in both.stderr
+    elsewhere = Path(tempfile.mkdtemp(dir="/dev/shm"))
+    try:
+        away = check(
+            cwd=deployed, CITADEL_ERASURE_LEDGER=ledger, CITADEL_LEDGER_MIRROR=str(elsewhere / "m.jsonl")
+        )
+        assert away.returncode == 0 and "same filesystem" not in away.stderr, away.stderr
+    finally:
+        shutil.rmtree(elsewhere)

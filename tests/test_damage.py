@@ -256,7 +256,11 @@ def test_unreadable_search_data_is_rebuilt_from_the_items(original, caplog) -> N
     assert stored == items("bob", 40)
     assert hits[0] == "bob 2", "an item of the damaged block is found after its rebuild"
     assert ok
-    assert "1 search data atoms of session 'bob'" in caplog.text and "no item is lost" in caplog.text
+    hid = bob.split(".")[2]  # coa.s.HID.: a log line names a session by its hash only (issue 59)
+    assert (
+        f"1 search data atoms of the session hashed {hid}" in caplog.text and "no item is lost" in caplog.text
+    )
+    assert "'bob'" not in caplog.text
     rebuilt = {atom for atom, _ in Citadel(path).atom_slots(bob, "search")}
     old = {atom for atom, _ in blocks}
     assert blocks[0][0] not in rebuilt, "the damaged block's row went when the file opened"
@@ -278,15 +282,20 @@ def test_a_truncated_atom_key_file_is_reported(original) -> None:
     assert read_all(path) == {sid: items(sid, count) for sid, count in SESSIONS.items()}
 
 
-def test_a_damaged_segment_key_is_reported_not_dropped(original) -> None:
+def test_a_damaged_segment_key_is_reported_not_dropped(original, caplog: pytest.LogCaptureFixture) -> None:
     path, backup = original
     citadel = Citadel(path)
     segment = citadel.segments_of("carol")
     wreck_slot(Path(f"{path}.citadel-regions"), citadel.region_slot(segment))
     assert [n for name, n in citadel.inventory().items() if name.startswith(segment)] == [0]
     before = files(path.parent)
-    error = refused(path)
+    with caplog.at_level("ERROR", logger="citadeldb_openai_agents"):
+        error = refused(path)
     assert "40 of 40 items of session 'carol' cannot be read (a segment's key cannot be read" in str(error)
+    # The log line names the session by its hash only (issue 59); the error, for its caller, by id.
+    hid = segment.split(".")[2]
+    assert f"40 of 40 items of the session hashed {hid} cannot be read" in caplog.text
+    assert "carol" not in caplog.text
     assert files(path.parent) == before
     restore(backup, path)
     assert read_all(path)["carol"] == items("carol", 40)

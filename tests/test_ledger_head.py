@@ -135,6 +135,8 @@ def test_a_mirror_outlives_an_edit_of_one_copy_and_the_restore_says_where_they_d
     report = restore_backup(backup, database, KEY, erasure_ledger=ledger, ledger_mirror=mirror, replace=True)
     assert report.erased == {"alice": 2, "bob": 2}
     assert report.ledger_notes == (
+        f"there is no file at {database}, so the ledger was checked against the backup's head and its "
+        "own copies only (docs/reliability.md: what the mirror is for)",
         f"erasure ledger: {ledger} ends at entry 1, {mirror} at entry 2: the entries after 1 are read from {mirror}",
     )
     with open_store(database, ledger, mirror) as store:
@@ -214,8 +216,38 @@ def test_a_ledger_ahead_of_the_head_is_a_crash_before_the_record_and_is_not_refu
                 store.erase_session("alice")
     assert len(ledger.read_bytes().splitlines()) == 1
     with open_store(database, ledger) as store:
-        assert store.erasure_ledger_head is None and store.session_ids() == ["alice", "bob"]
+        # The open takes the crash's entry as the file's head (tests/test_rollback.py: so a
+        # second crash leaves the file one entry behind again, never two).
+        assert store.erasure_ledger_head is not None and store.erasure_ledger_head[0] == 1
+        assert store.session_ids() == ["alice", "bob"]
         store.erase_session("alice")  # entry 2, after the one the crash left
         store.erase_session("bob")
         assert store.erasure_ledger_head is not None and store.erasure_ledger_head[0] == 3
         assert store.verify().ok
+
+
+@pytest.mark.parametrize("live", ["deleted", "unopenable"])
+def test_a_restore_over_a_lost_live_file_says_the_ledger_was_checked_without_its_head(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], live: str
+) -> None:
+    """Issue 59: with the live file gone (or not opening) and the ledger emptied, nothing in the
+    data directory can tell that the ledger was cut; the restore must say so in both cases (before
+    the fix it said nothing when the file was gone). Only a copy out of the writer's reach (a
+    mirror on another volume) stands against it."""
+    database, ledger, backup = erased_twice(tmp_path)
+    ledger.write_bytes(b"")
+    if live == "deleted":
+        database.unlink()
+    else:
+        Path(f"{database}.citadel-keys").write_bytes(b"not a key file")
+    monkeypatch.setenv("CITADEL_PATH", str(database))
+    monkeypatch.setenv("CITADEL_KEY", KEY)
+    monkeypatch.setenv("CITADEL_ERASURE_LEDGER", str(ledger))
+    assert main(["restore", str(backup), "--replace"]) == 0
+    out = capsys.readouterr().out
+    said = (
+        f"there is no file at {database}"
+        if live == "deleted"
+        else f"{database} did not open (CorruptDatabaseError)"
+    )
+    assert f"{said}, so the ledger was checked against the backup's head and its own copies only" in out

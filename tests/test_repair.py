@@ -242,3 +242,35 @@ def test_a_refused_repair_keeps_no_passphrase_in_its_frames(
     with pytest.raises(CorruptDatabaseError) as layout:
         repair_file(path, KEY)
     assert secrets_in_frames(layout.value, lambda value: value == KEY) == []
+
+
+# -- issue 59: what repair must not bring back -------------------------------------------------------
+
+
+def test_a_pops_ledger_head_survives_the_loss_of_its_sessions_record(
+    damaged: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The retest's attack, with no passphrase: bob pops an item (its head in bob's record), then
+    the attacker damages bob's record's key and cuts the ledger's last line. Repair must refuse the
+    cut ledger (the layout record holds the head too), with or without a backup, changing nothing;
+    before the fix it let Citadel drop the record, and --from-backup brought the popped item back."""
+    path, _ = damaged
+    with backed_up(path, tmp_path) as (store, ledger, backup):
+        popped = asyncio.run(store.session("bob").pop_item())
+    assert popped == items("bob", 40)[-1]
+    damage_atom(path, "coa.catalog", 1)  # bob's record
+    lines = ledger.read_bytes().splitlines(keepends=True)
+    assert len(lines) == 1
+    ledger.write_bytes(b"".join(lines[:-1]))  # the pop's entry cut
+    before = digests(path.parent)
+    for backup_given in (None, backup):
+        with pytest.raises(LedgerError, match="but the file recorded entry 1") as refused_repair:
+            repair_file(path, KEY, from_backup=backup_given, erasure_ledger=ledger)
+        assert "Put back the copy that holds every entry" in str(refused_repair.value)
+        assert {n: d for n, d in digests(path.parent).items() if not n.endswith("-audit")} == {
+            n: d for n, d in before.items() if not n.endswith("-audit")
+        }
+    ledger.write_bytes(b"".join(lines))  # the whole ledger put back: repair goes on
+    report = repair_file(path, KEY, from_backup=backup, erasure_ledger=ledger)
+    assert report.repaired
+    assert read_all(path)["bob"] == items("bob", 39), "the popped item must stay erased"

@@ -49,8 +49,9 @@ LONGER = {
     # and one operation called, each marked as a span (telemetry.traced).
     "citadeldb_openai_agents.store": 565,
     # A file open here: the file-wide operations (listings by owner, purge, verify, backup,
-    # a person's erasure noted) beside the one path every session's operation takes.
-    "citadeldb_openai_agents.storage.local_file": 485,
+    # a person's erasure noted) beside the one path every session's operation takes, and the
+    # check at open that the file is not older than its erasure ledger (issue 59).
+    "citadeldb_openai_agents.storage.local_file": 490,
     # Every operation declared once: its storage function, resend policy, wire shapes, and what
     # it counts (the items it writes or reads, for telemetry/).
     "citadeldb_openai_agents.serving.operations": 535,

@@ -274,6 +274,12 @@ def repair(args: argparse.Namespace) -> int:
         render.print_json(dataclasses.asdict(report) | {"items_lost": report.items_lost})
     elif not report.repaired:
         print(f"{report.path} is not damaged: nothing to repair.")
+    elif not report.lost:  # a rolled-back file: only its missing erasures were done again
+        print(
+            f"repaired {report.path}: it lacked {render.count(report.replayed, 'erasure')} of its erasure "
+            f"ledger (its parts were put back from an older copy); erased again: "
+            f"{render.count(report.items_erased, 'item')}; verified"
+        )
     else:
         unread = render.count(report.items_lost, "item")
         back = sum(loss.items_restored for loss in report.lost)

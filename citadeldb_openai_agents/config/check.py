@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shlex
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..embedders.protocol import Embedder
@@ -113,6 +114,7 @@ def check_configuration(config: ConfigSource = None, *, open_database: bool = Tr
         return report
     if not settings.path.is_absolute():
         report.warnings.append(relative_path_warning(settings))
+    report.warnings.extend(_ledger_placement(settings))
     try:
         embedder = build_embedder(settings)
     except ConfigurationError as exc:
@@ -122,6 +124,43 @@ def check_configuration(config: ConfigSource = None, *, open_database: bool = Tr
     if open_database:
         report.database = _check_database(settings, embedder, report.problems)
     return report
+
+
+def _ledger_placement(settings: CitadelSettings) -> list[str]:
+    """A warning when every copy of the erasure ledger is on the database's filesystem: whoever
+    can delete or roll back the database there can empty them too, and a restore over a lost file
+    then brings erased sessions back, with nothing in the data's reach to tell (issue 59)."""
+    if settings.erasure_ledger is None:
+        return []
+    data = _filesystem(settings.path)
+    copies = [("erasure_ledger", settings.erasure_ledger), ("ledger_mirror", settings.ledger_mirror)]
+    given = [(name, path) for name, path in copies if path is not None]
+    if data is None or any(_filesystem(path) != data for _, path in given):
+        return []
+    named = " and its ledger_mirror " + str(settings.ledger_mirror) if settings.ledger_mirror else ""
+    fix = (
+        "set ledger_mirror (CITADEL_LEDGER_MIRROR)"
+        if settings.ledger_mirror is None
+        else "move ledger_mirror"
+    )
+    return [
+        f"the erasure_ledger {settings.erasure_ledger}{named} {'are' if named else 'is'} on the same "
+        f"filesystem as the database {resolve_path(settings.path)}: whoever can delete or roll back "
+        "the database there can empty the ledger too, and a restore would then bring erased sessions "
+        f"back unseen; {fix} to a file on another volume, out of the service's write reach where "
+        "you can (docs/reliability.md, the erasure ledger)"
+    ]
+
+
+def _filesystem(path: Path) -> int | None:
+    """The device of `path`'s nearest existing directory (the file may not be made yet)."""
+    here = Path(resolve_path(path)).parent
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    try:
+        return here.stat().st_dev
+    except OSError:
+        return None
 
 
 def _checked_settings(config: ConfigSource, report: CheckReport) -> CitadelSettings | None:

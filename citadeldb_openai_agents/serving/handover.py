@@ -104,6 +104,11 @@ def attach(opening: Opening, mode: Mode, deadline: float) -> Transport:
                 parent = exc.owner_pid
                 locked = DatabaseLockedError(f"{opening.resolved} is held by the parent of this process.")
             else:
+                try:
+                    local.check_erasures_current()  # before anything is read or served (issue 59)
+                except BaseException:
+                    local.release()
+                    raise
                 return _owned(opening, mode, local)
             assert isinstance(mode, ServeToOthers)  # `KeepToSelf.locked` raised
             try:

@@ -79,12 +79,16 @@ class AuditVerdict:
     def ok(self) -> bool:
         return not self.damaged and not self.file
 
-    def describe(self, limit: int = 5) -> str:
-        """The damage in one sentence per finding (the first `limit` sessions)."""
+    def describe(self, limit: int = 5, *, for_log: bool = False) -> str:
+        """The damage in one sentence per finding (the first `limit` sessions); `for_log`: each
+        session by its salted hash (`logged_name`), as a log line names one."""
         findings = list(self.file)
         damaged = self.damaged
         for damage in damaged[:limit]:
-            who = "an unknown session" if damage.session_id is None else f"session {damage.session_id!r}"
+            if for_log:
+                who = logged_name(damage)
+            else:
+                who = "an unknown session" if damage.session_id is None else f"session {damage.session_id!r}"
             markers = f" and {damage.other} of its write markers" if damage.other else ""
             findings.append(
                 f"{damage.unreadable} of {damage.expected} items{markers} of {who} cannot be read ({damage.cause})"
@@ -92,6 +96,13 @@ class AuditVerdict:
         if len(damaged) > limit:
             findings.append(f"and {len(damaged) - limit} more damaged sessions")
         return "; ".join(findings)
+
+
+def logged_name(count: SessionCount) -> str:
+    """A session as a log line names it: by its salted hash (its segments' HID), never its id,
+    which can name a person (docs/operations.md, what is logged)."""
+    parsed = parse_segment(count.segments[0]) if count.segments else None
+    return "a session" if parsed is None else f"the session hashed {parsed[0]}"
 
 
 def audit(inventory: FileInventory) -> AuditVerdict:
@@ -209,6 +220,8 @@ def check_before_memory(db: Any, path: str) -> AuditVerdict:
             f"{path} is damaged: {verdict.describe()}. Nothing was changed.", RUN_VERIFY_OR_REPAIR
         )
         error.verdict = verdict  # type: ignore[attr-defined]
+        # The message names sessions for whoever called; the log line, by their hashes only.
+        error.logged = f"{path} is damaged: {verdict.describe(for_log=True)}. Nothing was changed."  # type: ignore[attr-defined]
         raise error
     return verdict
 

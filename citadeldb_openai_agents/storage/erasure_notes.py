@@ -13,7 +13,8 @@ from typing import Any
 
 from citadeldb.memory import AtomHit
 
-from .ledger import ErasureLedger, LedgerHead
+from ..errors import LedgerError
+from .ledger import ErasureLedger, LedgerHead, LedgerReading, rolled_back
 from .records import CatalogRecord
 from .segment_cache import SessionState
 
@@ -39,6 +40,36 @@ class ErasureNotes:
         """Record this file's erasures there from now on (the first store to name a ledger sets it)."""
         if path is not None and self.ledger is None:
             self.ledger = self.at(path, mirror)
+
+    def at_open(self, database: str, marked: bool) -> tuple[bool, LedgerHead | None]:
+        """Refuse a file older than its ledger (`ledger.rolled_back`), before it is read or served;
+        else whether the layout record must be written at this open, and the head it takes then.
+
+        A file not `marked` as keeping heads, that records none, was made before files kept them:
+        it takes the ledger's. One entry ahead is a crash's (the line written, the erasure never
+        announced): the file takes it, so crash after crash never adds up to a rollback. A ledger
+        cut short or changed is not refused here: `verify`, the next erasure and a restore are.
+        """
+        reading = self.newest()
+        if reading is None:
+            return self.ledger is not None and not marked, None
+        if self.head is None and not marked:
+            return True, reading.head
+        rollback = rolled_back(len(reading.entries), self.head, database)
+        if rollback is not None:
+            raise rollback
+        crashed = len(reading.entries) == (0 if self.head is None else self.head.number) + 1
+        return not marked or crashed, reading.head if crashed else None
+
+    def newest(self) -> LedgerReading | None:
+        """The ledger's entries, not required to reach the file's head; None when there is no
+        ledger or it cannot be trusted (`verify` says why; the next erasure refuses it)."""
+        if self.ledger is None:
+            return None
+        try:
+            return self.ledger.read(reach_head=False)
+        except LedgerError:
+            return None
 
     def items(self, state: SessionState, hits: list[AtomHit]) -> bool:
         """In the ledger, before they are erased: these items of the session. True when an entry

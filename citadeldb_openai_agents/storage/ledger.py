@@ -112,8 +112,8 @@ class LedgerReading:
 class ErasureLedger:
     """The ledger at `path` (and `mirror`) for the file whose salt is `salt`.
 
-    `head` gives the chain's head as the file records it (None: no erasure recorded yet, or
-    an older file): every read and append requires the ledger to reach it.
+    `head` gives the chain's head as the file records it (None: none yet): reads and appends require
+    the ledger to reach it, and an append refuses a rollback (`rolled_back`); no `head`: neither.
     """
 
     def __init__(
@@ -122,7 +122,7 @@ class ErasureLedger:
         salt: bytes,
         *,
         mirror: str | None = None,
-        head: Callable[[], LedgerHead | None] = lambda: None,
+        head: Callable[[], LedgerHead | None] | None = None,
     ) -> None:
         key = hmac.new(salt, _MAC_LABEL, hashlib.sha256).digest()
         self.file = hmac.new(salt, _FILE_LABEL, hashlib.sha256).hexdigest()[:16]
@@ -130,7 +130,9 @@ class ErasureLedger:
         if mirror is not None and os.path.abspath(os.path.expanduser(mirror)) != self.copies[0].path:
             self.copies.append(_Copy(mirror, key, self.file))
         self.path = self.copies[0].path
-        self._head = head
+        # Given the file's head, an append also refuses a file older than the ledger (rolled_back).
+        self._head = head or (lambda: None)
+        self._knows_head = head is not None
         self._lock = threading.Lock()
 
     @property
@@ -152,9 +154,10 @@ class ErasureLedger:
         is not, or when no copy reaches the head the file recorded."""
         return self.read().entries
 
-    def read(self, at_least: LedgerHead | None = None) -> LedgerReading:
+    def read(self, at_least: LedgerHead | None = None, *, reach_head: bool = True) -> LedgerReading:
         """The longer authentic chain of the copies, required to reach the file's head (and
-        `at_least`, another copy of the file's: a live file's, over which a backup is restored)."""
+        `at_least`, another copy of the file's: a live file's, over which a backup is restored);
+        `reach_head` False: not required (an open looking for a rollback, which a cut ledger is not)."""
         chains: list[_Chain] = []
         refused: list[LedgerError] = []
         for copy in self.copies:
@@ -166,7 +169,7 @@ class ErasureLedger:
             raise refused[0]
         best = max(chains, key=lambda chain: len(chain.entries))  # the first copy on a tie
         notes = [str(exc) for exc in refused] + _disagreements(chains, best)
-        for head in (self._head(), at_least):
+        for head in (self._head(), at_least) if reach_head else ():
             _require(best, head, chains)
         return LedgerReading([e for e, _, _ in best.entries], best.head(), best.path, tuple(notes))
 
@@ -183,6 +186,10 @@ class ErasureLedger:
                     "nothing was erased. Compare them and keep the authentic one (verify names it)."
                 )
             _require(best, self._head(), chains)
+            if self._knows_head and (
+                rollback := rolled_back(len(best.entries), self._head(), "the database")
+            ):
+                raise rollback
             head = best.head()
             line: dict[str, Any] = {"v": 1, "file": self.file, "n": (head.number if head else 0) + 1}
             line.update(at=time.time_ns() // 1000, **body, prev=head.mac if head else "")
@@ -353,6 +360,23 @@ def _require(best: _Chain, head: LedgerHead | None, chains: list[_Chain]) -> Non
         f"the erasure ledger {where} cannot be trusted: {why}. Nothing was changed: a restore "
         "would bring erased sessions back. Put back the copy that holds every entry (the mirror, "
         "or where the ledger is copied to), then run the command again."
+    )
+
+
+def rolled_back(entries: int, head: LedgerHead | None, database: str) -> LedgerError | None:
+    """The error for a file more than one entry behind its ledger: one is a crash's (the line
+    written, the erasure never announced), more is a file put back from an older copy, which
+    served as it is would show what was erased since (issue 59). None otherwise."""
+    recorded = 0 if head is None else head.number
+    if entries <= recorded + 1:
+        return None
+    return LedgerError(
+        f"{database} is older than its erasure ledger: the ledger holds this file's erasures {recorded + 1} "
+        f"to {entries}, and the file records {f'entry {recorded}' if recorded else 'none of them'} (its "
+        f"parts were put back from an older copy). Served as it is, it would show what those "
+        f"{entries - recorded} erasures erased; nothing was served or changed. Erase them again with "
+        "`python -m citadeldb_openai_agents repair --yes` (it replays the ledger's entries on the file), "
+        "or put back the file's newest parts."
     )
 
 

@@ -266,6 +266,16 @@ class LocalFile:
                     held[state.session_id] = held.get(state.session_id, 0) + count
         return held
 
+    def check_erasures_current(self) -> None:
+        """`LedgerError` when the file is older than its erasure ledger (a rollback: its parts put
+        back from an older copy); no ledger: nothing (`ErasureNotes.at_open`, issue 59)."""
+        layout = self._layout
+        write, head = layout.erasures.at_open(self.path, bool(layout.meta.get("ledger_heads")))
+        if write:
+            with self._database.operation() as memory:
+                layout.adopt_ledger_head(memory, head)
+                layout.update_meta(memory, ledger_heads=1)
+
     @property
     def ledger_head(self) -> LedgerHead | None:
         """The erasure ledger's head this file recorded (None: it recorded no erasure)."""

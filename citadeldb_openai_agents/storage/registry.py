@@ -84,7 +84,7 @@ def acquire(
                 _opening.pop(resolved, None)
             pending.done.set()
             if isinstance(exc, CorruptDatabaseError):  # an operator acts on this: logged and counted
-                telemetry.events.damaged(resolved, str(exc))
+                telemetry.events.damaged(resolved, getattr(exc, "logged", str(exc)))
                 telemetry.metrics.open_refused(resolved)
             raise
         with _registry_lock:

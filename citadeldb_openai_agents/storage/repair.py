@@ -78,14 +78,17 @@ def repair(
     try:
         copy_files(target, copy)
         verdict = _clean(copy, target, keys[0], embedder, options)
-        if verdict.ok:
-            return RepairReport(target, False, [], None, "")
-        lost = _losses(verdict)
-        if fill is not None:
+        lost = [] if verdict.ok else _losses(verdict)
+        if lost and fill is not None:
             put_back = fill(copy, keys[0], lost)
             lost = [replace(loss, items_restored=put_back.get(loss.name, 0)) for loss in lost]
-        local = LocalFile(copy, keys.pop(), embedder=embedder, options=options, create=False)
+        # Opened without the ledger, which is read, not appended to: replaying it appends nothing.
+        plain = replace(options, erasure_ledger=None, ledger_mirror=None)
+        local = LocalFile(copy, keys.pop(), embedder=embedder, options=plain, create=False)
         try:
+            replayed, erased = _replay_missing(local, options)
+            if verdict.ok and not replayed:
+                return RepairReport(target, False, [], None, "")
             report = local.verify()
         finally:
             local.release()
@@ -94,12 +97,41 @@ def repair(
                 f"{target} could not be repaired: the repaired copy does not verify "
                 f"({'; '.join(report.findings) or 'damaged pages'}). Nothing was changed: restore it from a backup."
             )
-        aside = _move_aside(target)
-        move_in(copy, target)
-        return RepairReport(target, True, lost, aside, verdict.describe(limit=3))
+        aside = _put_in_place(copy, target, kept=not verdict.ok)
+        damage = "" if verdict.ok else verdict.describe(limit=3)
+        return RepairReport(
+            target, True, lost, aside, damage, replayed=replayed, items_erased=sum(erased.values())
+        )
     finally:
         keys.clear()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _replay_missing(local: LocalFile, options: StoreOptions) -> tuple[int, dict[str, int]]:
+    """Erase again in the copy what the ledger records beyond its head (a rolled-back file's lost
+    erasures), and give it the ledger's head: the entries replayed, the items erased per session.
+    The ledger must reach the head the damaged file recorded (`LedgerError` otherwise: a record
+    may have been damaged on purpose to lose a head; the layout record holds every head too)."""
+    if options.erasure_ledger is None:
+        return 0, {}
+    reading = local.ledger_reading(options.erasure_ledger, options.ledger_mirror)
+    recorded = 0 if local.ledger_head is None else local.ledger_head.number
+    if len(reading.entries) <= recorded:
+        return 0, {}
+    erased = local.replay(reading.entries)
+    local.adopt_ledger_head(reading.head)
+    return len(reading.entries) - recorded, erased
+
+
+def _put_in_place(copy: str, target: str, kept: bool) -> str | None:
+    """The copy moved in, the old parts aside (`kept`: damaged, kept for a look); where they are.
+    Parts only rolled back are deleted: they hold nothing but what the replay erased again."""
+    aside = _move_aside(target)
+    move_in(copy, target)
+    if kept:
+        return aside
+    shutil.rmtree(aside, ignore_errors=True)
+    return None
 
 
 def _check_target(target: str) -> None:

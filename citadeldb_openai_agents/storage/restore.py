@@ -48,7 +48,9 @@ def restore(
     del key  # only `keys` holds it, emptied at the open: error trackers record frames' locals
     source, target = resolve_path(backup), resolve_path(path)  # the file a store on `path` opens
     _check_target(source, target, replace)
-    live_head, notes = (None, []) if ledger is None else _live_head(target, keys[0], embedder, options)
+    # `at_least`: the caller holds the live file's head (repair's copy of it): no file to ask.
+    asked = ledger is not None and at_least is None
+    live_head, notes = _live_head(target, keys[0], embedder, options) if asked else (None, [])
     live_head = later(live_head, at_least)
     staged = f"{target}.restoring-{os.getpid()}"
     try:
@@ -112,7 +114,11 @@ def _live_head(
     there is no file or it does not open (damaged, another passphrase): said in the report, as
     then only the backup's head and the ledger's copies (a mirror) stand against a cut ledger."""
     if not os.path.isfile(target):
-        return None, []
+        # Said as for a file that does not open: a deleted file takes its head with it (issue 59).
+        return None, [
+            f"there is no file at {target}, so the ledger was checked against the backup's head and "
+            "its own copies only (docs/reliability.md: what the mirror is for)"
+        ]
     try:
         live = LocalFile(target, key, embedder=embedder, options=options, create=False)
     except CitadelSessionError as exc:

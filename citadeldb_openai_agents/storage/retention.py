@@ -107,7 +107,8 @@ class Sweeper:
             try:
                 self._sweep()
             except Exception as exc:  # the next sweep tries again; purge reports it to an operator
-                logger.warning("the retention sweep failed (%s: %s); it runs again", type(exc).__name__, exc)
+                # The failure's type only: its text can name the session it met.
+                logger.warning("the retention sweep failed (%s); it runs again", type(exc).__name__)
 
     def stop(self) -> None:
         """Stop sweeping (a sweep under way finishes first)."""

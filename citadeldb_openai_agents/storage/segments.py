@@ -45,10 +45,10 @@ from citadeldb.memory import AtomHit, Memory
 from ..embedders.protocol import Embedder, EmbedderIdentity
 from ..errors import RUN_VERIFY, ConfigurationError, CorruptDatabaseError, EmbedderMismatchError
 from ..options import StoreOptions
-from .audit import AuditVerdict
+from .audit import AuditVerdict, logged_name
 from .codec import ITEM_KIND
 from .completeness import CompletenessCheck, RowReader, now_micros
-from .erasure_notes import ErasureNotes
+from .erasure_notes import ErasureNotes, head_of
 from .ledger import LedgerHead
 from .receipts import RecentErasures
 from .records import (
@@ -171,10 +171,10 @@ class SessionLayout:
         for count in verdict.sessions:
             if count.search_data:
                 logger.warning(
-                    "%d search data atoms of session %r in %s could not be read (damaged keys); "
+                    "%d search data atoms of %s in %s could not be read (damaged keys); "
                     "no item is lost: they are rebuilt from the items on the next search",
                     count.search_data,
-                    count.session_id,
+                    logged_name(count),  # by its hash: a log line never names a session
                     self.path,
                 )
         self.erasures = ErasureNotes(self._salt, self._meta.get("ledger_head"))  # and the ledger's head
@@ -285,8 +285,10 @@ class SessionLayout:
             self._branches.get(state.session_id, {}).pop(state.branch, None)
 
     def write_record(self, memory: Memory, state: SessionState) -> None:
-        """Store the session's record (creating its catalog atom on first use)."""
+        """Store the session's record; a newer ledger head in it goes to the layout record first (issue 59)."""
         assert state.record is not None
+        if (newer := self.erasures.handed_over(held := self._meta.get("ledger_head"), state.record)) not in (None, head_of(held)):  # fmt: skip
+            self.update_meta(memory, ledger_head=list(newer))
         payload = state.record.to_payload()
         if state.catalog_id is None:
             entry = {"kind": CATALOG_KIND, "text": "session", "payload": payload}
