@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from test_operator_cli import PASSPHRASE, environment, run
 
-from citadeldb_openai_agents import BackupExistsError, CitadelSessionStore
+from citadeldb_openai_agents import BackupExistsError, CitadelSessionStore, StorageError
 from citadeldb_openai_agents.storage.files import database_files
 
 from conftest import KEY
@@ -52,6 +52,22 @@ def test_a_new_database_its_companions_and_its_backups_are_0600(tmp_path: Path) 
     assert len(files) == len(written) == 5
     assert set(modes(files).values()) == {0o600}, modes(files)
     assert set(modes(written).values()) == {0o600}, modes(written)
+
+
+def test_the_serve_false_mark_is_0600_and_never_written_through_a_link(tmp_path: Path) -> None:
+    """Issue 59's retest: `.agent.cdl.exclusive` was 0644. A link planted there is refused, not followed."""
+    path = tmp_path / "agent.cdl"
+    mark = tmp_path / ".agent.cdl.exclusive"
+    with CitadelSessionStore(path, KEY, argon2_profile="iot", serve=False):
+        assert stat.S_IMODE(mark.stat().st_mode) == 0o600
+    elsewhere = tmp_path / "elsewhere"
+    mark.symlink_to(elsewhere)
+    with pytest.raises(StorageError, match="a link is never written through"):
+        CitadelSessionStore(path, KEY, argon2_profile="iot", serve=False)
+    assert not elsewhere.exists()
+    mark.unlink()
+    with CitadelSessionStore(path, KEY, argon2_profile="iot", serve=False):  # the refusal released the file
+        pass
 
 
 def test_move_and_import_targets_and_exports_are_0600(tmp_path: Path) -> None:

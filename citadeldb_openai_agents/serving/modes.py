@@ -12,7 +12,7 @@ import contextlib
 import os
 from typing import Protocol
 
-from ..errors import DatabaseLockedError
+from ..errors import DatabaseLockedError, StorageError
 from ..options import StoreOptions
 from ..storage.local_file import LocalFile
 from ..storage.process_state import current_pid
@@ -71,7 +71,17 @@ class KeepToSelf:
         return contextlib.nullcontext()
 
     def owned(self, path: str, local: LocalFile, terms: StoreOptions) -> None:
-        with open(exclusive_mark(path), "w", encoding="utf-8") as mark:
+        # 0600 like the database's files, and never written through a link someone left there.
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            descriptor = os.open(exclusive_mark(path), flags, 0o600)
+        except OSError as exc:
+            raise StorageError(
+                f"cannot write {exclusive_mark(path)}, the mark that keeps {path} to this process "
+                f"(serve = false): {exc.strerror}. Remove what is there (a link is never written through)."
+            ) from None
+        with os.fdopen(descriptor, "w", encoding="utf-8") as mark:
+            os.fchmod(descriptor, 0o600)  # one an older version left 0644
             mark.write(str(current_pid()))
 
     def released(self, path: str) -> None:
