@@ -268,3 +268,19 @@ def test_a_ledger_path_under_home_is_expanded_as_every_process_names_it(
     assert [json.loads(line)["op"] for line in (tmp_path / "erasures.jsonl").read_bytes().splitlines()] == [
         "session"
     ]
+
+
+def test_a_link_planted_where_a_restore_once_staged_changes_nothing(
+    backed_up: tuple[Path, Path, Path],
+) -> None:
+    """Issue 59's retest: the copy was staged at PATH.restoring-PID, a name anyone could predict,
+    and a link planted there ended the restore with a raw EEXIST. It is staged in a private
+    directory now: the link is neither followed nor in the way."""
+    database, ledger, backup = backed_up
+    planted = Path(f"{database}.restoring-{os.getpid()}")
+    elsewhere = database.parent / "elsewhere"
+    planted.symlink_to(elsewhere)
+    report = restore_backup(backup, database, KEY, erasure_ledger=ledger, replace=True)
+    assert report.erased == {"alice": 3, "bob": 1}
+    assert not elsewhere.exists() and planted.is_symlink()
+    assert not [name for name in os.listdir(database.parent) if name.startswith(".restoring-")]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from contextlib import suppress
 
 from ..embedders.protocol import Embedder
@@ -52,7 +53,9 @@ def restore(
     asked = ledger is not None and at_least is None
     live_head, notes = _live_head(target, keys[0], embedder, options) if asked else (None, [])
     live_head = later(live_head, at_least)
-    staged = f"{target}.restoring-{os.getpid()}"
+    # A private directory no one can predict or plant a link in (a fixed name gave a raw EEXIST).
+    work = tempfile.mkdtemp(prefix=".restoring-", dir=os.path.dirname(target))
+    staged = os.path.join(work, os.path.basename(target))
     try:
         copy_files(source, staged)
         local = _open_staged(staged, keys.pop(), source, target, embedder, options)
@@ -70,9 +73,7 @@ def restore(
         move_in(staged, target)
     finally:
         keys.clear()
-        for name in database_files(staged):
-            with suppress(FileNotFoundError):
-                os.remove(name)
+        shutil.rmtree(work, ignore_errors=True)
     return RestoreReport(target, source, sessions, len(entries), erased, ledger, tuple(notes))
 
 
