@@ -221,7 +221,10 @@ def print_integrity(path: str, report: IntegrityReport) -> None:
     verdicts = ", ".join(f"{count} {verdict}" for verdict, count in sorted(report.item_verdicts.items()))
     print(f"items:         {verdicts or 'none'}")
     if report.audit_break_at is None:
-        print(f"audit log:     {count(report.audit_entries, 'entry', 'entries')} verified, chain intact")
+        # Citadel's chain shows an entry changed or removed inside it, not one cut from its end.
+        print(
+            f"audit log:     {count(report.audit_entries, 'entry', 'entries')} verified, each chained to the one before (entries cut from its end do not show here)"
+        )
     else:
         before = report.audit_break_at - 1
         verified = {0: "none verified", 1: "entry 1 verified"}.get(before, f"entries 1-{before} verified")
