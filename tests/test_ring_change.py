@@ -35,6 +35,9 @@ KEY = "a passphrase for the ring"
 OLD, NEW = ["a", "b", "c"], ["a", "b", "c", "d"]
 IDS = [f"user-{n}" for n in range(40)]
 PEOPLE = ["ann", "ben", "cat"]  # session i is about PEOPLE[i % 3]
+# How long one command may run before the test fails instead of hanging: the slowest (a whole
+# `rebalance` or `ring --complete`) took 3.3 s under load (benchmarks/suite_under_load.py, 2026-12-08).
+COMMAND_SECONDS = 120
 
 
 def configure(tmp_path: Path, name: str) -> Path:
@@ -53,7 +56,7 @@ def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=COMMAND_SECONDS,
     )
 
 
@@ -292,6 +295,31 @@ def test_one_command_completes_a_change_or_rolls_it_back(fleet: dict[str, Path])
     assert (fleet["a"].parent / "ring.toml").read_text() == 'shards = ["a", "b", "c", "d"]\n'
 
 
+def kill_at_phase(argv: list[str], env: dict[str, str], directory: Path, phase: int) -> None:
+    """Run `argv` and SIGKILL it once it begins its `phase`-th phase of writes, unless it ends first.
+
+    A phase is a run of writes to one shard's file: a session's move writes its target (the copy),
+    then its source (the erase), so once the third phase begins the first session moved is
+    settled and the second is under way. The kill is placed by what the command did (the files'
+    modification times, polled), not by a clock: on a slower or busier machine, it lands at the
+    same point of the change."""
+    running = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    files = sorted(directory.glob("*.cdl"))
+    last = {path: path.stat().st_mtime_ns for path in files}
+    writing, begun = None, 0
+    deadline = time.monotonic() + COMMAND_SECONDS
+    while running.poll() is None and begun < phase:
+        assert time.monotonic() < deadline, f"{argv} still runs after {COMMAND_SECONDS} s"
+        for path in files:
+            modified = path.stat().st_mtime_ns
+            if modified != last[path] and path != writing:
+                writing, begun = path, begun + 1
+            last[path] = modified
+        time.sleep(0.002)
+    running.kill()
+    running.wait(COMMAND_SECONDS)
+
+
 # The long tier: SIGKILLs at several moments of one command, each followed by the same command.
 @pytest.mark.slow
 @pytest.mark.parametrize("command", ["--complete", "--abort"])
@@ -326,7 +354,9 @@ def test_a_change_cut_by_sigkill_is_finished_by_running_the_command_again(
         assert cli("rebalance", "--config", fleet["b"], *shards[-2:]).returncode == 0
     before = settled()
     cut: list[int] = []  # after each kill, settled()
-    for delay in (1.0, 1.5, 2.0, 2.5, 3.0):
+    # Each kill once the command has begun its writes to a file that many times (see kill_at_phase):
+    # in the next session's copy (3, 5) or in the erase of the one it copied (4).
+    for phase in (3, 4, 3, 5, 3):
         step = next_command()
         if step is None:
             break
@@ -340,10 +370,7 @@ def test_a_change_cut_by_sigkill_is_finished_by_running_the_command_again(
             str(fleet["a"]),
             *shards,
         ]
-        running = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(delay)
-        running.kill()
-        running.wait()
+        kill_at_phase(argv, env, fleet["a"].parent, phase)
         cut.append(settled())
     step = next_command()
     if step is not None:

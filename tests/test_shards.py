@@ -166,7 +166,7 @@ def test_an_operator_command_for_another_shards_session_says_where_it_is(
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=60,  # a hang guard: the CLI took 2 s at most under load (suite_under_load.py, 2026-12-08)
     )
     assert done.returncode == 1, done
     assert done.stderr.startswith(f"error: session '{theirs}' belongs to shard 'c', not to this one ('a')"), (
