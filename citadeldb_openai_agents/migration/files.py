@@ -72,6 +72,8 @@ def import_file(
         chosen = [(sid, count) for sid, count in reader.sessions() if session_id in (None, sid)]
         if session_id is not None and not chosen:
             raise ImportSourceError(f"{reader.path} holds no session {session_id!r}; nothing was imported.")
+        if isinstance(reader, SqliteSource):
+            reader.check([sid for sid, _ in chosen])  # every row read first: whole, or nothing written
         people = _owners(store, reader, [sid for sid, _ in chosen], owner)
         if mode == "new":
             _refuse_occupied(store, reader, [sid for sid, _ in chosen])

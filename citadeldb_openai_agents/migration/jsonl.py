@@ -11,13 +11,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 from ..errors import ExportExistsError, ImportSourceError
 from ..results import Progress, SessionExport, SessionSummary
+from .sdk_files import ITEM_BYTES
 
 INDEX = "index.json"
 _READABLE = 48  # characters of the escaped id kept in a file name, before its digest
@@ -41,17 +42,27 @@ class JsonlSource:
         self.path = os.path.abspath(path)
         self.session_id = session_id
         self._items: list[Any] = []
-        with open(self.path, encoding="utf-8") as file:
-            for number, line in enumerate(file, 1):
-                if not line.strip():
-                    continue
-                try:
-                    self._items.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise ImportSourceError(
-                        f"{self.path}, line {number}, is not JSON ({exc.msg}); nothing was imported. "
-                        "An import reads JSON Lines as `export` writes them: one item per line."
-                    ) from None
+        with open(self.path, "rb") as file:
+            for number, raw in enumerate(_lines(file, self.path), 1):
+                if raw.strip():
+                    self._items.append(self._item(raw, number))
+
+    def _item(self, raw: bytes, number: int) -> Any:
+        """One line's item; `ImportSourceError` naming the line for one that cannot be (issue 59)."""
+        where = f"{self.path}, line {number},"
+        try:
+            return json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise ImportSourceError(f"{where} is not UTF-8 text; nothing was imported.") from None
+        except RecursionError:
+            raise ImportSourceError(
+                f"{where} nests deeper than its JSON can be read (Python's recursion limit); nothing was imported."
+            ) from None
+        except json.JSONDecodeError as exc:
+            raise ImportSourceError(
+                f"{where} is not JSON ({exc.msg}); nothing was imported. "
+                "An import reads JSON Lines as `export` writes them: one item per line."
+            ) from None
 
     def sessions(self) -> list[tuple[str, int]]:
         return [(self.session_id, len(self._items))]
@@ -61,6 +72,19 @@ class JsonlSource:
 
     def close(self) -> None:
         self._items = []
+
+
+def _lines(file: Any, path: str) -> Iterator[bytes]:
+    """The file's lines, each at most `ITEM_BYTES` (one is read no further than that)."""
+    number = 0
+    while line := file.readline(ITEM_BYTES + 1):
+        number += 1
+        if len(line) > ITEM_BYTES:
+            raise ImportSourceError(
+                f"{path}, line {number}, is larger than {ITEM_BYTES // 2**20} MiB, the most one item may "
+                "be here (ITEM_BYTES); nothing was imported."
+            )
+        yield line
 
 
 def file_name(session_id: str) -> str:
