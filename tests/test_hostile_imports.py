@@ -22,7 +22,7 @@ import pytest
 from agents import SQLiteSession
 
 from citadeldb_openai_agents import CitadelSessionStore, ImportSourceError, import_file
-from citadeldb_openai_agents.migration import sdk_files
+from citadeldb_openai_agents.migration import sdk_source
 
 from conftest import KEY
 
@@ -85,7 +85,7 @@ def test_an_item_nested_100000_deep_is_refused_by_row(tmp_path: Path) -> None:
 def test_an_item_over_the_size_limit_is_refused_naming_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sdk_files, "ITEM_BYTES", 1024 * 1024)  # 16 MiB in use; 1 MiB keeps the test small
+    monkeypatch.setattr(sdk_source, "ITEM_BYTES", 1024 * 1024)  # 16 MiB in use; 1 MiB keeps the test small
     source = sdk_file(tmp_path / "big.db")
     add_row(source, "big", json.dumps({"content": "x" * (1024 * 1024 + 1)}))
     refused(tmp_path, source, "row 3 of session 'big' is larger than 1 MiB", "(ITEM_BYTES)")
@@ -101,7 +101,7 @@ RECURSIVE_VIEW = """
 def test_a_view_that_never_ends_is_stopped_naming_the_limit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sdk_files, "QUERY_SECONDS", 0.5)
+    monkeypatch.setattr(sdk_source, "QUERY_SECONDS", 0.5)
     source = sdk_file(tmp_path / "view.db")
     with sqlite3.connect(source) as connection:
         connection.execute(RECURSIVE_VIEW)

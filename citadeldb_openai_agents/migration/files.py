@@ -27,8 +27,9 @@ from ..session import CitadelSessionStore
 from ..storage.files import is_citadel_file
 from ..transfer.chunks import CHUNK, IMPORT_MODES, ImportMode, as_stored, plan
 from .jsonl import JsonlSource, write_session_files
-from .sdk_files import SqliteSource, is_sqlite, write_sqlite_file
+from .sdk_files import write_sqlite_file
 from .sdk_schema import MESSAGES_TABLE, SESSIONS_TABLE
+from .sdk_source import SqliteSource, is_sqlite
 
 
 def import_file(

@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 from ..errors import ExportExistsError, ImportSourceError
 from ..results import Progress, SessionExport, SessionSummary
-from .sdk_files import ITEM_BYTES
+from .sdk_source import ITEM_BYTES
 
 INDEX = "index.json"
 _READABLE = 48  # characters of the escaped id kept in a file name, before its digest
